@@ -1,0 +1,58 @@
+"""`crossbar check`: render a validated config for a person to read."""
+
+from __future__ import annotations
+
+from crossbar.config import Config, HostConfig
+from crossbar.route import Route
+from crossbar.units import format_duration, format_size
+
+
+def _slots(value: int | None) -> str:
+    return str(value) if value is not None else "from /props"
+
+
+def _host_lines(host: HostConfig) -> list[str]:
+    lines = [f"  {host.name}  {host.url}" + ("  (api_key set)" if host.api_key else "")]
+    for m in host.models:
+        upstream = f" -> {m.upstream}" if m.upstream else ""
+        lines.append(
+            f"    model {m.name}{upstream}: parallel {_slots(m.parallel)}, ctx {_slots(m.ctx)}"
+        )
+    return lines
+
+
+def _route_line(config: Config, route: Route) -> str:
+    parts = [
+        f"hosts {', '.join(route.hosts)}",
+        f"models {', '.join(config.models_of(route))}",
+        f"default_model {route.default_model or '-'}",
+        f"affinity {route.affinity}",
+        f"queue {'yes' if route.queues() else 'no'}",
+    ]
+    if route.peers:
+        parts.append(f"peers {', '.join(route.peers)}")
+    parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")
+    return "; ".join(parts)
+
+
+def describe(config: Config) -> str:
+    """The resolved server settings, hosts, routes and templates; secrets only as "set"."""
+    s = config.server
+    out = [f"config {config.path or '(in memory)'}: ok", "", "server:"]
+    token = "set" if s.admin_token else "unset (loopback only)"
+    out.append(f"  listen {s.listen}; admin {s.admin_listen}; admin token {token}")
+    out.append(f"  db {s.db}; default_route {s.default_route or '-'}")
+    out.append(
+        f"  lease_idle {format_duration(s.lease_idle)}; queue_max {s.queue_max}; "
+        f"queue_timeout {format_duration(s.queue_timeout)}; max_body {format_size(s.max_body)}"
+    )
+    out += ["", f"hosts ({len(config.hosts)}):"]
+    for host in config.hosts.values():
+        out += _host_lines(host)
+    out += ["", f"routes ({len(config.routes)}):"]
+    for route in config.routes.values():
+        out.append(f"  {route.name}: {_route_line(config, route)}")
+    out += ["", f"templates ({len(config.templates)}, first match wins):"]
+    for t in config.templates:
+        out.append(f"  {t.name} (match {t.match!r}): {_route_line(config, t.route)}")
+    return "\n".join(out)

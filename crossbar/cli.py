@@ -1,0 +1,44 @@
+"""The `crossbar` console command: `check` a config, `ctl` a running crossbar."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from crossbar.check import describe
+from crossbar.config import ConfigError, load_config
+
+
+def _check(args: argparse.Namespace) -> int:
+    try:
+        config = load_config(args.config)
+    except ConfigError as e:
+        for line in e.errors:
+            print(line, file=sys.stderr)
+        print(f"{args.config}: {len(e.errors)} error(s)", file=sys.stderr)
+        return 2
+    print(describe(config))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="crossbar",
+        description="A sticky reverse proxy for a fleet of llama.cpp llama-server hosts. "
+        "Run the proxy with `twistd -n crossbar -c config.toml`.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="validate a config file and print what it resolves to")
+    check.add_argument("config", help="path to the TOML config")
+    check.set_defaults(func=_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `crossbar` command."""
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""The TOML config of SPEC §3: server settings, hosts and their models, routes, templates."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.testing import MemoryReactor
+
+from crossbar.config_fields import NAME, Errors, Table, quote, type_name
+from crossbar.route import Route, Template, check_route_links, read_routes, read_templates
+
+_DAY = 86400.0
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `errors` holds every problem as "dotted.path: message"."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = list(errors)
+
+
+@frozen
+class ServerConfig:
+    """`[server]`: listeners, store, timers and limits. Durations are seconds, sizes bytes."""
+
+    listen: str = "tcp:8080"
+    admin_listen: str = "tcp:8081:interface=127.0.0.1"
+    admin_token: str = field(default="", repr=False)
+    db: str = "crossbar.db"
+    default_route: str = ""
+    lease_idle: float = 2 * 3600.0
+    sweep_interval: float = 30.0
+    health_interval: float = 5.0
+    health_timeout: float = 2.0
+    unhealthy_after: int = 3
+    healthy_after: int = 2
+    queue_max: int = 64
+    queue_timeout: float = 300.0
+    max_body: int = 64 * 1024 * 1024
+    upstream_connect_timeout: float = 5.0
+    upstream_idle_timeout: float = 600.0
+    fingerprint_chars: int = 4096
+    usage_retention: float = 30 * _DAY
+    events_retention: float = 30 * _DAY
+    shutdown_grace: float = 30.0
+    remember_ids: int = 100_000
+
+
+@frozen
+class ModelConfig:
+    """One model a host serves; `parallel`/`ctx` of None mean "discover from /props"."""
+
+    name: str
+    upstream: str = ""
+    parallel: int | None = None
+    ctx: int | None = None
+
+    @property
+    def upstream_name(self) -> str:
+        """The name sent upstream in "model"."""
+        return self.upstream or self.name
+
+
+@frozen
+class HostConfig:
+    """`[hosts.<name>]`: one llama-server endpoint and the models it serves."""
+
+    name: str
+    url: str
+    models: tuple[ModelConfig, ...]
+    api_key: str = field(default="", repr=False)
+
+    def model(self, name: str) -> ModelConfig | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models)
+
+
+@frozen
+class Config:
+    """The whole resolved config. Hosts and templates keep file order."""
+
+    server: ServerConfig
+    hosts: dict[str, HostConfig]
+    routes: dict[str, Route]
+    templates: tuple[Template, ...] = ()
+    path: str = ""
+
+    def route(self, name: str) -> Route | None:
+        """The concrete route `name`, else the first template in file order that serves it."""
+        concrete = self.routes.get(name)
+        if concrete is not None:
+            return concrete
+        if NAME.fullmatch(name) is None:
+            return None
+        for template in self.templates:
+            if template.serves(name):
+                return template.resolve(name)
+        return None
+
+    def models_of(self, route: Route) -> list[str]:
+        """Every model some host of the route serves, in host then model order."""
+        seen: dict[str, None] = {}
+        for host in route.hosts:
+            for m in self.hosts[host].models:
+                seen.setdefault(m.name, None)
+        return list(seen)
+
+    def hosts_for(self, route: Route, model: str) -> list[str]:
+        """The route's candidate hosts that serve `model`, in preference order."""
+        return [h for h in route.hosts if self.hosts[h].model(model) is not None]
+
+
+def _read_server(errors: Errors, data: Any) -> ServerConfig:
+    t = Table(errors, "server", data)
+    d = ServerConfig()
+    server = ServerConfig(
+        listen=t.string("listen", d.listen),
+        admin_listen=t.string("admin_listen", d.admin_listen),
+        admin_token=t.string("admin_token", d.admin_token),
+        db=t.string("db", d.db),
+        default_route=t.string("default_route", d.default_route),
+        lease_idle=t.duration("lease_idle", d.lease_idle),
+        sweep_interval=t.duration("sweep_interval", d.sweep_interval),
+        health_interval=t.duration("health_interval", d.health_interval),
+        health_timeout=t.duration("health_timeout", d.health_timeout),
+        unhealthy_after=t.integer("unhealthy_after", d.unhealthy_after),
+        healthy_after=t.integer("healthy_after", d.healthy_after),
+        queue_max=t.integer("queue_max", d.queue_max, minimum=0),
+        queue_timeout=t.duration("queue_timeout", d.queue_timeout),
+        max_body=t.size("max_body", d.max_body),
+        upstream_connect_timeout=t.duration("upstream_connect_timeout", d.upstream_connect_timeout),
+        upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
+        fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
+        usage_retention=t.duration("usage_retention", d.usage_retention),
+        events_retention=t.duration("events_retention", d.events_retention),
+        shutdown_grace=t.duration("shutdown_grace", d.shutdown_grace, positive=False),
+        remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
+    )
+    t.finish()
+    for key in ("listen", "admin_listen"):
+        _check_endpoint(errors, f"server.{key}", getattr(server, key))
+    if not server.db:
+        errors.add("server.db", 'must name a SQLite file (or ":memory:")')
+    return server
+
+
+def _check_endpoint(errors: Errors, path: str, description: str) -> None:
+    try:
+        serverFromString(MemoryReactor(), description)
+    except Exception as e:  # the parser raises ValueError, KeyError, TypeError...
+        errors.add(path, f"not a Twisted endpoint string ({quote(description)}: {e})")
+
+
+def _read_models(t: Table, parallel: int | None, ctx: int | None) -> tuple[ModelConfig, ...]:
+    path = t.sub("models")
+    if not t.has("models"):
+        t.errors.add(path, "missing (a list of model names, or a table per model)")
+        return ()
+    raw = t.raw("models")
+    models: list[ModelConfig] = []
+    if isinstance(raw, list):
+        for i, name in enumerate(raw):
+            if not isinstance(name, str) or not name:
+                t.errors.add(f"{path}[{i}]", f"must be a model name, not {quote(name)}")
+                continue
+            models.append(ModelConfig(name=name, parallel=parallel, ctx=ctx))
+    elif isinstance(raw, dict):
+        for name, body in raw.items():
+            mt = Table(t.errors, f"{path}.{name}", body)
+            models.append(
+                ModelConfig(
+                    name=name,
+                    upstream=mt.string("upstream"),
+                    parallel=mt.integer("parallel", parallel),
+                    ctx=mt.integer("ctx", ctx),
+                )
+            )
+            mt.finish()
+    else:
+        t.errors.add(path, f"must be an array of names or a table per model, not {type_name(raw)}")
+        return ()
+    if not models and not t.errors:
+        t.errors.add(path, "must name at least one model")
+    _check_model_names(t.errors, path, models)
+    return tuple(models)
+
+
+def _check_model_names(errors: Errors, path: str, models: list[ModelConfig]) -> None:
+    names: set[str] = set()
+    upstreams: dict[str, str] = {}
+    for m in models:
+        if m.name in names:
+            errors.add(f"{path}", f"model {quote(m.name)} is listed twice")
+        names.add(m.name)
+        other = upstreams.get(m.upstream_name)
+        if other is not None:
+            where = f"{path}.{m.name}.upstream" if m.upstream else f"{path}.{m.name}"
+            errors.add(
+                where,
+                f"upstream name {quote(m.upstream_name)} is already used by model {quote(other)}",
+            )
+        else:
+            upstreams[m.upstream_name] = m.name
+
+
+def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
+    hosts: dict[str, HostConfig] = {}
+    outer = Table(errors, "hosts", data)
+    for name in outer.keys():
+        t = Table(errors, outer.sub(name), outer.raw(name))
+        if NAME.fullmatch(name) is None:
+            errors.add(t.path, f"bad host name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
+        url = t.url("url")
+        api_key = t.string("api_key")
+        parallel = t.integer("parallel", None)
+        ctx = t.integer("ctx", None)
+        models = _read_models(t, parallel, ctx)
+        t.finish()
+        hosts[name] = HostConfig(name=name, url=url, models=models, api_key=api_key)
+    return hosts
+
+
+def parse_config(data: dict[str, Any], path: str = "") -> Config:
+    """Build a Config from parsed TOML, or raise ConfigError listing every problem."""
+    errors = Errors()
+    top = Table(errors, "", data)
+    server = _read_server(errors, top.raw("server", {}))
+    hosts = _read_hosts(errors, top.raw("hosts", {}))
+    routes = read_routes(errors, top.raw("routes", {}))
+    templates = read_templates(errors, top.raw("templates", {}))
+    top.finish()
+    config = Config(server, hosts, routes, tuple(templates), path)
+    if not hosts:
+        errors.add("hosts", "no hosts configured (add a [hosts.<name>] table)")
+    host_models = {name: set(h.model_names) for name, h in hosts.items()}
+
+    def exists(name: str) -> bool:
+        return config.route(name) is not None
+
+    for name, route in routes.items():
+        check_route_links(errors, f"routes.{name}", route, host_models, exists)
+    for template in templates:
+        check_route_links(errors, f"templates.{template.name}", template.route, host_models, exists)
+    if server.default_route and not exists(server.default_route):
+        errors.add("server.default_route", f"unknown route {quote(server.default_route)}")
+    if errors:
+        raise ConfigError(errors.lines)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file; every failure is a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError([f"{p}: no such file"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{p}: is a directory, not a config file"]) from None
+    except OSError as e:
+        raise ConfigError([f"{p}: cannot read: {e.strerror}"]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError([f"{p}: not UTF-8 text"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{p}: not valid TOML: {e}"]) from None
+    return parse_config(data, str(p))

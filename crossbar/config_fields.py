@@ -1,0 +1,165 @@
+"""Typed readers for config tables that collect every error under its dotted path."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+from crossbar.units import parse_duration, parse_size
+
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_MISSING = object()
+
+
+def quote(value: Any) -> str:
+    """Render a config value for an error message the way TOML would write it."""
+    if isinstance(value, str):
+        return f'"{value}"'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
+def type_name(value: Any) -> str:
+    """Name a TOML value's type for an error message."""
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }.get(type(value), type(value).__name__)
+
+
+class Errors:
+    """An ordered list of "dotted.path: message" lines."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def add(self, path: str, message: str) -> None:
+        self.lines.append(f"{path}: {message}")
+
+    def __bool__(self) -> bool:
+        return bool(self.lines)
+
+
+class Table:
+    """One TOML table being read: each `take` consumes a key; `finish` reports the rest."""
+
+    def __init__(self, errors: Errors, path: str, data: Any) -> None:
+        self.errors = errors
+        self.path = path
+        if not isinstance(data, dict):
+            errors.add(path, f"must be a table, not {type_name(data)}")
+            data = {}
+        self._data = dict(data)
+
+    def sub(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def keys(self) -> list[str]:
+        return list(self._data)
+
+    def has(self, key: str) -> bool:
+        return key in self._data
+
+    def raw(self, key: str, default: Any = _MISSING) -> Any:
+        return self._data.pop(key, default)
+
+    def _take(self, key: str, default: Any, check: Callable[[Any], Any]) -> Any:
+        value = self._data.pop(key, _MISSING)
+        if value is _MISSING:
+            return default
+        try:
+            return check(value)
+        except ValueError as e:
+            self.errors.add(self.sub(key), str(e))
+            return default
+
+    def string(self, key: str, default: str = "") -> str:
+        def check(v: Any) -> str:
+            if not isinstance(v, str):
+                raise ValueError(f"must be a string, not {type_name(v)}")
+            return v
+
+        return self._take(key, default, check)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        def check(v: Any) -> bool:
+            if not isinstance(v, bool):
+                raise ValueError(f"must be true or false, not {quote(v)}")
+            return v
+
+        return self._take(key, default, check)
+
+    def integer(self, key: str, default: Any, minimum: int = 1) -> Any:
+        def check(v: Any) -> int:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ValueError(f"must be an integer, not {type_name(v)}")
+            if v < minimum:
+                raise ValueError(f"must be at least {minimum}, not {v}")
+            return v
+
+        return self._take(key, default, check)
+
+    def duration(self, key: str, default: float, positive: bool = True) -> float:
+        def check(v: Any) -> float:
+            if not isinstance(v, str):
+                raise ValueError(
+                    f'must be a duration string such as "90s", not {type_name(v)} {quote(v)}'
+                )
+            seconds = parse_duration(v)
+            if positive and seconds <= 0:
+                raise ValueError(f"must be longer than zero, not {quote(v)}")
+            return seconds
+
+        return self._take(key, default, check)
+
+    def size(self, key: str, default: int) -> int:
+        def check(v: Any) -> int:
+            n = parse_size(v)
+            if n <= 0:
+                raise ValueError(f"must be larger than zero, not {quote(v)}")
+            return n
+
+        return self._take(key, default, check)
+
+    def string_list(self, key: str, default: Any = ()) -> Any:
+        def check(v: Any) -> tuple[str, ...]:
+            if not isinstance(v, list):
+                raise ValueError(f"must be an array of strings, not {type_name(v)}")
+            bad = [x for x in v if not isinstance(x, str) or not x]
+            if bad:
+                raise ValueError(f"must hold only non-empty strings, not {quote(bad[0])}")
+            return tuple(v)
+
+        return self._take(key, default, check)
+
+    def url(self, key: str) -> str:
+        def check(v: Any) -> str:
+            if not isinstance(v, str):
+                raise ValueError(f"not an http(s) URL: {type_name(v)}")
+            parts = urlsplit(v)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"not an http(s) URL: {quote(v)}")
+            try:
+                parts.port  # noqa: B018 - raises ValueError for a bad port
+            except ValueError:
+                raise ValueError(f"not an http(s) URL (bad port): {quote(v)}") from None
+            if parts.query or parts.fragment:
+                raise ValueError(f"must not have a query or fragment: {quote(v)}")
+            return v.rstrip("/")
+
+        if not self.has(key):
+            self.errors.add(self.sub(key), "missing (the base URL of the llama-server)")
+            return ""
+        return self._take(key, "", check)
+
+    def finish(self) -> None:
+        """Report every key nobody took as unknown."""
+        for key in self._data:
+            self.errors.add(self.sub(key), "unknown key")

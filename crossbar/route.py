@@ -1,0 +1,133 @@
+"""Routes and templates: the named entry points of clients, and how they are read."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any
+
+from attrs import evolve, field, frozen
+
+from crossbar.config_fields import NAME, Errors, Table, quote
+
+AFFINITIES = ("conversation", "route")
+
+
+@frozen
+class Route:
+    """A resolved route: where its requests may go and how they are leased and queued."""
+
+    name: str
+    hosts: tuple[str, ...]
+    default_model: str = ""
+    affinity: str = "conversation"
+    queue: bool = True
+    peers: tuple[str, ...] = ()
+    keys: tuple[str, ...] = field(default=(), repr=False)
+    template: str | None = None  # the template that served it, None for a concrete route
+
+    def per_route(self) -> bool:
+        """True for affinity = "route": every request of the route shares one lease per model."""
+        return self.affinity == "route"
+
+    def queues(self) -> bool:
+        """True unless queue = false: requests wait in (and can be refused by) the limiter."""
+        return self.queue
+
+
+@frozen
+class Template:
+    """Serves every route name matching `match` (a shell-style glob) with `route`'s keys."""
+
+    name: str
+    match: str
+    route: Route
+
+    def serves(self, name: str) -> bool:
+        return fnmatchcase(name, self.match)
+
+    def resolve(self, name: str) -> Route:
+        return evolve(self.route, name=name, template=self.name)
+
+
+def valid_route_name(name: str) -> bool:
+    """Route names are `[a-z0-9][a-z0-9._-]{0,63}`."""
+    return NAME.fullmatch(name) is not None
+
+
+def read_route_body(table: Table, name: str) -> Route:
+    """Read the keys every route and template share."""
+    missing = not table.has("hosts")
+    hosts = table.string_list("hosts", None)  # None: missing or already reported
+    if missing:
+        table.errors.add(table.sub("hosts"), "missing (the candidate hosts, in preference order)")
+    elif hosts == ():
+        table.errors.add(table.sub("hosts"), "must name at least one host")
+    affinity = table.string("affinity", "conversation")
+    if affinity not in AFFINITIES:
+        table.errors.add(table.sub("affinity"), 'must be "conversation" or "route"')
+        affinity = "conversation"
+    return Route(
+        name=name,
+        hosts=hosts or (),
+        default_model=table.string("default_model"),
+        affinity=affinity,
+        queue=table.boolean("queue", True),
+        peers=table.string_list("peers"),
+        keys=table.string_list("keys"),
+    )
+
+
+def read_routes(errors: Errors, data: Any) -> dict[str, Route]:
+    """Read `[routes.*]`."""
+    routes: dict[str, Route] = {}
+    outer = Table(errors, "routes", data)
+    for name in outer.keys():
+        path = outer.sub(name)
+        table = Table(errors, path, outer.raw(name))
+        if not valid_route_name(name):
+            errors.add(path, f"bad route name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
+        routes[name] = read_route_body(table, name)
+        table.finish()
+    return routes
+
+
+def read_templates(errors: Errors, data: Any) -> list[Template]:
+    """Read `[templates.*]` in file order (the first matching template wins)."""
+    templates: list[Template] = []
+    outer = Table(errors, "templates", data)
+    for name in outer.keys():
+        path = outer.sub(name)
+        table = Table(errors, path, outer.raw(name))
+        if not table.has("match"):
+            errors.add(table.sub("match"), 'missing (a shell-style glob such as "proj-*")')
+        match = table.string("match")
+        route = read_route_body(table, "")
+        table.finish()
+        templates.append(Template(name=name, match=match, route=route))
+    return templates
+
+
+def check_route_links(
+    errors: Errors,
+    path: str,
+    route: Route,
+    host_models: dict[str, set[str]],
+    route_exists: Any,
+) -> None:
+    """Check a route's references: hosts, default model, peers."""
+    for host in route.hosts:
+        if host not in host_models:
+            errors.add(f"{path}.hosts", f"unknown host {quote(host)}")
+    if len(set(route.hosts)) != len(route.hosts):
+        errors.add(f"{path}.hosts", "names a host twice")
+    served = set().union(*(host_models.get(h, set()) for h in route.hosts))
+    if route.default_model and served and route.default_model not in served:
+        errors.add(
+            f"{path}.default_model",
+            f"{quote(route.default_model)} is served by none of the route's hosts",
+        )
+    for peer in route.peers:
+        if not route_exists(peer):
+            errors.add(f"{path}.peers", f"unknown route {quote(peer)}")
+    if len(set(route.keys)) != len(route.keys):
+        errors.add(f"{path}.keys", "lists a key twice")

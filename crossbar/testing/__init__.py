@@ -1,0 +1,1 @@
+"""Test doubles shipped with crossbar (the fake llama-server)."""

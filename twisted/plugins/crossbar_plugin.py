@@ -1,0 +1,8 @@
+from twisted.application.service import ServiceMaker
+
+crossbar = ServiceMaker(
+    "crossbar",
+    "crossbar.tap",
+    "A sticky reverse proxy in front of a fleet of llama.cpp llama-server hosts.",
+    "crossbar",
+)
