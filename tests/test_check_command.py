@@ -1,0 +1,111 @@
+"""`crossbar check` and `twistd crossbar` on good, bad, missing and non-TOML files."""
+
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from crossbar.cli import main
+from crossbar.config import ConfigError, load_config
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "config.toml"
+BAD = """
+[server]
+lease_idle = "forever"
+[hosts.titan]
+url = "ftp://titan"
+models = ["qwen-coder"]
+[routes.convo]
+hosts = ["tytan"]
+affinity = "sticky"
+"""
+
+
+def test_the_example_config_is_valid_and_uses_every_server_key():
+    config = load_config(EXAMPLE)
+    text = EXAMPLE.read_text()
+    for key in config.server.__attrs_attrs__:
+        assert f"\n{key.name} = " in text, key.name
+    assert config.route("proj-alpha").template == "projects"
+
+
+def test_check_prints_the_resolved_hosts_routes_and_templates(capsys):
+    assert main(["check", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "titan  http://127.0.0.1:9001" in out
+    assert "model qwen-coder -> Qwen3-Coder-30B-A3B-Q4_K_M: parallel 2, ctx 65536" in out
+    assert "convo: hosts titan, atlas" in out
+    assert "projects (match 'proj-*')" in out
+
+
+def test_check_prints_every_error_one_a_line_and_exits_2(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(BAD)
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[:4] == [
+        'server.lease_idle: "forever" is not a duration (use e.g. "250ms", "90s", "30m", "2h", "7d")',
+        'hosts.titan.url: not an http(s) URL: "ftp://titan"',
+        'routes.convo.affinity: must be "conversation" or "route"',
+        'routes.convo.hosts: unknown host "tytan"',
+    ]
+    assert err[-1].endswith("4 error(s)")
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no such file"),
+        (b"[server\nlisten=", "not valid TOML"),
+        (b"\xff\xfe\x00garbage", "not UTF-8 text"),
+    ],
+)
+def test_a_missing_or_unreadable_file_is_one_clear_line(tmp_path, content, message):
+    path = tmp_path / "c.toml"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.errors == [f"{path}: {message}"] or info.value.errors[0].startswith(
+        f"{path}: {message}"
+    )
+
+
+def test_a_directory_is_not_a_config(tmp_path):
+    with pytest.raises(ConfigError, match="is a directory"):
+        load_config(tmp_path)
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, check=False, cwd=ROOT
+    )
+
+
+@pytest.mark.parametrize("content", [None, "not = [toml", BAD])
+def test_no_traceback_reaches_the_operator_from_check(tmp_path, content):
+    path = tmp_path / "c.toml"
+    if content is not None:
+        path.write_text(content)
+    result = run("-m", "crossbar.cli", "check", str(path))
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr + result.stdout
+    assert str(path) in result.stderr or "routes.convo" in result.stderr
+
+
+def test_twistd_refuses_a_bad_config_with_its_errors_and_no_traceback(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text(BAD)
+    twistd = str(pathlib.Path(sys.executable).parent / "twistd")
+    result = subprocess.run(
+        [twistd, "--nodaemon", "--pidfile=", "crossbar", "-c", str(path)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+    )
+    assert result.returncode != 0
+    assert 'routes.convo.hosts: unknown host "tytan"' in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
