@@ -7,7 +7,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from attrs import define
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, DeferredList
+from twisted.internet.defer import TimeoutError as GraceOver
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.http_headers import Headers
@@ -25,6 +26,7 @@ from crossbar.records import UsageRow
 from crossbar.routing import Kind, check_key, choose_model, kind_of, parse_body, split_route
 
 log = Logger(namespace="crossbar.proxy")
+_INTERNAL = ClientError(500, "api_error", "crossbar failed on this request; try again")
 _DROP_REQUEST = frozenset({b"host", b"content-length", b"authorization", b"accept-encoding"})
 
 
@@ -59,13 +61,34 @@ class ProxyResource(Resource):
     def __init__(self, app: App) -> None:
         super().__init__()
         self.app = app
+        self.active: set[Any] = set()
 
     def render(self, request: Any) -> Any:
         ex = Exchange(started=self.app.clock.seconds())
         d = Deferred.fromCoroutine(self._serve(request, ex))
-        request.notifyFinish().addErrback(lambda _: d.cancel())
+        self.active.add(request)
+        finished = request.notifyFinish()
+        finished.addErrback(lambda _: d.cancel())
+        finished.addBoth(lambda _: self.active.discard(request))
         d.addErrback(self._crashed, request, ex)
         return NOT_DONE_YET
+
+    async def drain(self, grace: float) -> int:
+        """Wait up to `grace` seconds for running requests to finish; abort the rest.
+
+        Returns how many were aborted."""
+        waiting = [r.notifyFinish() for r in list(self.active)]
+        if waiting:
+            all_done = DeferredList(waiting, consumeErrors=True)
+            all_done.addTimeout(grace, self.app.clock)
+            try:
+                await all_done
+            except GraceOver:
+                pass
+        left = list(self.active)
+        for request in left:
+            request.channel.transport.abortConnection()
+        return len(left)
 
     async def _serve(self, request: Any, ex: Exchange) -> None:
         try:
@@ -76,16 +99,18 @@ class ProxyResource(Resource):
         except CancelledError:
             ex.status = ex.status or 499
             ex.error = ex.error or "client disconnected"
+        except Exception:
+            log.failure("request failed inside crossbar")
+            ex.status, ex.error = 500, "internal error"
+            self._answer_error(request, _INTERNAL)
         finally:
             if ex.route:
                 self._account(ex)
 
     def _crashed(self, failure: Failure, request: Any, ex: Exchange) -> None:
+        # Last resort: _serve handles its own errors, so only a bug in that handling gets here.
         log.failure("request failed inside crossbar", failure)
-        ex.status, ex.error = 500, "internal error"
-        self._answer_error(
-            request, ClientError(500, "api_error", "crossbar failed on this request; try again")
-        )
+        self._answer_error(request, _INTERNAL)
 
     def _answer_error(self, request: Any, error: ClientError) -> None:
         if request.finished or request._disconnected:

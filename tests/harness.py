@@ -1,0 +1,118 @@
+"""Real crossbar sites and fake llama-servers on port 0, for the integration stories."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import treq
+from attrs import define, field
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred
+from twisted.web.client import HTTPConnectionPool
+
+from crossbar.app import App
+from crossbar.build import build_app
+from crossbar.config import parse_config
+from crossbar.proxy import ProxyResource
+from crossbar.site import ProxySite
+from crossbar.testing.fakellama import FakeLlama
+
+MODEL = "qwen-coder"
+
+
+async def start_fakes(*names: str, **knobs: Any) -> dict[str, FakeLlama]:
+    fakes = {}
+    for name in names:
+        fake = FakeLlama(reactor, models=[MODEL], **knobs)
+        await fake.start()
+        fakes[name] = fake
+    return fakes
+
+
+@define
+class Crossbar:
+    """A crossbar site on a real port in front of fakes; `url(route, path)` builds client URLs."""
+
+    app: App
+    site: ProxySite
+    port: Any
+    fakes: dict[str, FakeLlama]
+    http: Any = None
+    _pools: list[HTTPConnectionPool] = field(factory=list)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.port.getHost().port}"
+
+    def url(self, route: str, path: str) -> str:
+        return f"{self.base}/r/{route}{path}"
+
+    def client(self) -> treq.HTTPClient:
+        pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pools.append(pool)
+        return treq.HTTPClient(treq.client.Agent(reactor, pool=pool))
+
+    async def chat(self, route: str, messages: list[dict], **extra: Any) -> tuple[Any, dict]:
+        body = {"model": MODEL, "messages": messages, **extra}
+        response = await self.client().post(
+            self.url(route, "/v1/chat/completions"),
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        return response, json.loads(await response.content())
+
+    async def stop(self) -> None:
+        for pool in self._pools:
+            await pool.closeCachedConnections()
+        await self.port.stopListening()
+        await self.app.upstream.close()
+        self.app.hosts.stop()
+        await self.app.store.close()
+        for fake in self.fakes.values():
+            await fake.stop()
+
+
+def host_table(fakes: dict[str, FakeLlama], **extra: Any) -> dict[str, Any]:
+    return {name: {"url": f.url, "models": [MODEL], **extra} for name, f in fakes.items()}
+
+
+async def start_crossbar(
+    fakes: dict[str, FakeLlama],
+    routes: dict[str, Any],
+    server: dict[str, Any] | None = None,
+    hosts: dict[str, Any] | None = None,
+    **host_extra: Any,
+) -> Crossbar:
+    data = {
+        "server": {"db": ":memory:", **(server or {})},
+        "hosts": hosts or host_table(fakes, **host_extra),
+        "routes": routes,
+    }
+    config = parse_config(data)
+    app = await build_app(config, reactor)
+    site = ProxySite(ProxyResource(app), max_body=config.server.max_body)
+    port = reactor.listenTCP(0, site, interface="127.0.0.1")
+    return Crossbar(app, site, port, fakes)
+
+
+def wait(d: Deferred, seconds: float = 10) -> Deferred:
+    """Guard an await that could hang: fail after `seconds` instead of blocking the suite."""
+    return d.addTimeout(seconds, reactor)
+
+
+def turn(history: list[dict], reply: dict, text: str) -> list[dict]:
+    """The next turn's messages: history, the assistant's reply, a new user message."""
+    answer = reply["choices"][0]["message"]["content"]
+    return [*history, {"role": "assistant", "content": answer}, {"role": "user", "content": text}]
+
+
+async def until(predicate, deadline: float = 10.0) -> None:
+    """Wait for a condition another party brings about, checking every 10 ms, with a deadline."""
+    from twisted.internet.task import deferLater
+
+    for _ in range(int(deadline / 0.01)):
+        if predicate():
+            return
+        await deferLater(reactor, 0.01, lambda: None)
+    raise AssertionError("condition never held")
