@@ -5,6 +5,7 @@ from __future__ import annotations
 from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
 
 from crossbar.hosts import Hosts
+from crossbar.limiter import Limiter
 
 
 def test_start_probes_at_once_and_then_every_health_interval():
@@ -172,3 +173,15 @@ def test_a_new_health_interval_takes_effect_on_reload():
     w.clock.pump([1, 1, 1])
     assert w.http.urls().count(TITAN + "/health") == 4
     w.hosts.stop()
+
+
+def test_discovered_slots_reach_the_limiter_through_a_listener():
+    w = World()
+    limiter = Limiter(w.clock, w.hosts.parallel, queue_max=8, queue_timeout=60)
+    w.hosts.add_listener(limiter.resized)
+    held = [limiter.acquire("titan", "qwen") for _ in range(3)]
+    assert limiter.queued("titan", "qwen") == 2  # one slot until /props says otherwise
+    w.http.props(TITAN, total_slots=3, n_ctx=4096)
+    w.rounds(1)
+    assert all(d.called for d in held)
+    assert limiter.in_flight("titan", "qwen") == 3 and limiter.queued("titan", "qwen") == 0
