@@ -1,0 +1,398 @@
+"""The configured hosts: health (active probes and passive failures), draining, slots (SPEC §10).
+
+Hosts start healthy, so a restart moves no lease. A probe is `GET <url>/health` within
+`health_timeout`: 200 is good, anything else (503 "Loading model" included), a timeout or a
+connection error is bad. `unhealthy_after` bad probes in a row flip a healthy host, and
+`healthy_after` good ones flip it back; the proxy's `passive_failure` flips it at once. After a
+good probe, `/props` is read (until it has succeeded once, and again after the host was down, as
+a restarted llama-server may have other settings) for `total_slots` and `n_ctx` where the config
+leaves `parallel`/`ctx` unset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from attrs import asdict, define, field
+from treq.client import HTTPClient
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.client import HTTPConnectionPool
+
+from crossbar.config import Config, HostConfig, ModelConfig
+from crossbar.health import Getter, Health, Prober, Props, build_client, treq_getter
+
+Listener = Callable[[str, str], None]
+
+
+class DrainStore(Protocol):
+    """What Hosts needs of the store: the persisted draining flags."""
+
+    async def set_draining(self, name: str, draining: bool) -> None: ...
+
+    async def list_draining(self) -> set[str]: ...
+
+
+class UnknownHost(KeyError):
+    """No configured host has this name."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"unknown host {self.name!r}"
+
+
+@define
+class _Host:
+    config: HostConfig
+    health: Health = field(factory=Health)
+    discovered: dict[str, Props] = field(factory=dict)
+    discovery_done: bool = False
+
+
+class Hosts:
+    """Registry of the configured hosts with their health, draining and slot counts."""
+
+    def __init__(
+        self,
+        config: Config,
+        clock: IReactorTime,
+        store: DrainStore | None = None,
+        http: HTTPClient | None = None,
+        log: Logger | None = None,
+        *,
+        get: Getter | None = None,
+    ) -> None:
+        """`clock` is the reactor in production. `get` replaces HTTP in tests; without it,
+        `http` (or, when None, a client on a pool of our own, closed by `stop`) is used."""
+        self._config = config
+        self._clock = clock
+        self._store = store
+        self._log = log or Logger()
+        self._pool: HTTPConnectionPool | None = None
+        if get is None:
+            if http is None:
+                http, self._pool = build_client(clock)
+            get = treq_getter(http)
+        self._get = get
+        self._hosts = {name: _Host(h) for name, h in config.hosts.items()}
+        self._draining: set[str] = set()
+        self._listeners: list[Listener] = []
+        self._loop: LoopingCall | None = None
+        self._round_waiters: list[Deferred[None]] = []
+        self._probing: dict[str, Deferred[None]] = {}
+        self.probe_errors = 0  # unexpected errors caught in the periodic probe
+
+    # -- reading
+
+    def names(self) -> list[str]:
+        """Host names in config order."""
+        return list(self._hosts)
+
+    def healthy(self, name: str) -> bool:
+        host = self._hosts.get(name)
+        return host is not None and host.health.healthy
+
+    def draining(self, name: str) -> bool:
+        return name in self._draining
+
+    def url(self, name: str) -> str:
+        return self._host(name).config.url
+
+    def api_key(self, name: str) -> str:
+        return self._host(name).config.api_key
+
+    def parallel(self, name: str, model: str) -> int:
+        """Slots: configured, else discovered `total_slots`, else 1 (also for unknown pairs,
+        which the limiter may still ask about while requests drain after a reload)."""
+        host, m = self._model(name, model)
+        if m is None or host is None:
+            return 1
+        if m.parallel is not None:
+            return m.parallel
+        props = host.discovered.get(model)
+        return props.total_slots if props and props.total_slots else 1
+
+    def ctx(self, name: str, model: str) -> int | None:
+        """Tokens per slot: configured, else discovered `n_ctx`, else None (unknown)."""
+        host, m = self._model(name, model)
+        if m is None or host is None:
+            return None
+        if m.ctx is not None:
+            return m.ctx
+        props = host.discovered.get(model)
+        return props.n_ctx if props else None
+
+    @property
+    def flips(self) -> dict[str, int]:
+        """Health flips per host since start (for metrics)."""
+        return {name: h.health.flips for name, h in self._hosts.items()}
+
+    def status(self) -> list[dict[str, Any]]:
+        """Every host for the admin API, in config order. Never includes the api key."""
+        return [self._status(name, h) for name, h in self._hosts.items()]
+
+    # -- draining
+
+    async def load_draining(self) -> None:
+        """Restore the draining flags from the store (at start)."""
+        if self._store is not None:
+            self._draining = set(await self._store.list_draining())
+
+    async def drain(self, name: str) -> None:
+        """Stop giving the host new leases; persisted before it takes effect."""
+        await self._set_draining(name, True)
+
+    async def undrain(self, name: str) -> None:
+        await self._set_draining(name, False)
+
+    async def _set_draining(self, name: str, draining: bool) -> None:
+        self._host(name)
+        if self._store is not None:
+            await self._store.set_draining(name, draining)
+        if draining:
+            self._draining.add(name)
+        else:
+            self._draining.discard(name)
+        self._log.info(
+            "host {host} {what}", host=name, what="draining" if draining else "undrained"
+        )
+
+    # -- health
+
+    def passive_failure(self, name: str, reason: str) -> None:
+        """The proxy saw a fresh connection fail (refused, reset, connect timeout): unhealthy at
+        once; `healthy_after` good probes bring it back."""
+        host = self._hosts.get(name)
+        if host is not None and host.health.fail(reason, self._config.server.unhealthy_after):
+            self._flipped(name, host)
+
+    def probe_all(self) -> Deferred[None]:
+        """One probe round over every host in parallel; fires when all have answered or timed
+        out. Never fails. A call while a round runs joins that round."""
+        waiter: Deferred[None] = Deferred()
+        self._round_waiters.append(waiter)
+        if len(self._round_waiters) == 1:
+            Deferred.fromCoroutine(self._round())
+        return waiter
+
+    def start(self) -> Deferred[None]:
+        """Probe every `health_interval` on the clock; fires when the first round is done."""
+        if self._loop is None:
+            self._start_loop()
+        return self.probe_all()
+
+    def stop(self) -> Deferred[None]:
+        """Stop probing, abandon probes under way, close our own connection pool."""
+        if self._loop is not None:
+            if self._loop.running:
+                self._loop.stop()
+            self._loop = None
+        for d in list(self._probing.values()):
+            d.cancel()
+        if self._pool is not None:
+            return self._pool.closeCachedConnections()
+        return succeed(None)
+
+    # -- reload
+
+    def add_listener(self, fn: Listener) -> None:
+        """Call `fn(host, model)` whenever the effective `parallel` of the pair changes."""
+        self._listeners.append(fn)
+
+    def reconfigure(self, config: Config) -> None:
+        """Take a reloaded config: new hosts start healthy, removed ones are forgotten, the
+        rest keep their health. Listeners hear about every pair whose parallel changed."""
+        before = self._parallels()
+        hosts: dict[str, _Host] = {}
+        for name, new in config.hosts.items():
+            host = self._hosts.get(name)
+            if host is None:
+                host = _Host(new)
+                self._log.info("host {host} added", host=name)
+            elif host.config != new:
+                if host.config.url != new.url:
+                    host.discovered.clear()
+                    host.health.epoch += 1
+                host.discovery_done = False  # models or their settings may have changed
+                host.config = new
+            hosts[name] = host
+        for name in self._hosts.keys() - hosts.keys():
+            self._log.info("host {host} removed", host=name)
+            probe = self._probing.get(name)
+            if probe is not None:
+                probe.cancel()
+        interval_changed = config.server.health_interval != self._config.server.health_interval
+        self._hosts = hosts
+        self._config = config
+        if interval_changed and self._loop is not None:
+            self._loop.stop()
+            self._start_loop()
+        self._notify(before)
+
+    # -- internals
+
+    def _host(self, name: str) -> _Host:
+        host = self._hosts.get(name)
+        if host is None:
+            raise UnknownHost(name)
+        return host
+
+    def _model(self, name: str, model: str) -> tuple[_Host | None, ModelConfig | None]:
+        host = self._hosts.get(name)
+        return (host, None) if host is None else (host, host.config.model(model))
+
+    def _parallels(self) -> dict[tuple[str, str], int]:
+        return {
+            (name, m.name): self.parallel(name, m.name)
+            for name, host in self._hosts.items()
+            for m in host.config.models
+        }
+
+    def _notify(self, before: Mapping[tuple[str, str], int]) -> None:
+        for pair, parallel in self._parallels().items():
+            if before.get(pair) == parallel:
+                continue
+            for fn in list(self._listeners):
+                try:
+                    fn(*pair)
+                except Exception:
+                    self._log.failure("parallel listener failed for {pair}", pair=pair)
+
+    def _start_loop(self) -> None:
+        # The caller runs (or has just run) a round itself, so the loop's first is one interval on.
+        self._loop = LoopingCall(self._tick)
+        self._loop.clock = self._clock
+        self._loop.start(self._config.server.health_interval, now=False)
+
+    def _tick(self) -> Deferred[None] | None:
+        # The LoopingCall's function: it must never raise, or the loop stops for good.
+        try:
+            return self.probe_all()
+        except Exception:
+            self.probe_errors += 1
+            self._log.failure("health probe round failed to start")
+            return None
+
+    async def _round(self) -> None:
+        try:
+            probes = [self._start_probe(name, host) for name, host in self._hosts.items()]
+            await gatherResults(probes, consumeErrors=True)
+        except Exception:
+            # A bug in a probe; the round is over all the same and its waiters must hear.
+            self.probe_errors += 1
+            self._log.failure("health probe round failed")
+        finally:
+            waiters, self._round_waiters = self._round_waiters, []
+            for w in waiters:
+                if not w.called:
+                    w.callback(None)
+
+    def _start_probe(self, name: str, host: _Host) -> Deferred[None]:
+        d = Deferred.fromCoroutine(self._probe(name, host))
+        self._probing[name] = d
+
+        def done(result: Any) -> Any:
+            if self._probing.get(name) is d:
+                del self._probing[name]
+            return result
+
+        def cancelled(failure: Failure) -> None:
+            failure.trap(CancelledError)  # by stop or reconfigure: the round goes on without it
+
+        return d.addErrback(cancelled).addBoth(done)
+
+    async def _probe(self, name: str, host: _Host) -> None:
+        epoch = host.health.epoch
+        probe = await self._prober().check(host.config)
+        if self._hosts.get(name) is not host or host.health.epoch != epoch:
+            return  # removed, moved or passively failed while we waited
+        server = self._config.server
+        if host.health.record(probe, server.unhealthy_after, server.healthy_after):
+            self._flipped(name, host)
+        if probe.ok and not host.discovery_done:
+            await self._discover(name, host)
+
+    def _flipped(self, name: str, host: _Host) -> None:
+        reason = host.health.reason
+        if host.health.healthy:
+            self._log.info("host {host} is healthy again: {reason}", host=name, reason=reason)
+        else:
+            # It may come back restarted with other settings: read /props again then.
+            host.discovery_done = False
+            self._log.warn("host {host} is unhealthy: {reason}", host=name, reason=reason)
+
+    async def _discover(self, name: str, host: _Host) -> None:
+        before, url = self._parallels(), host.config.url
+        found, failed = await self._prober().read_props(host.config)
+        if self._hosts.get(name) is not host or host.config.url != url:
+            return  # removed or moved by a reload meanwhile
+        for model, why in failed.items():
+            self._log.warn(
+                "host {host}: cannot read /props for {model}: {why}",
+                host=name,
+                model=model,
+                why=why,
+            )
+        for model, props in found.items():
+            host.discovered[model] = props
+            self._log.info(
+                "host {host} model {model}: /props says total_slots={slots}, n_ctx={n_ctx}",
+                host=name,
+                model=model,
+                slots=props.total_slots,
+                n_ctx=props.n_ctx,
+            )
+        host.discovery_done = not failed
+        self._notify(before)
+
+    def _prober(self) -> Prober:
+        return Prober(self._get, self._clock, self._config.server.health_timeout)
+
+    def _status(self, name: str, host: _Host) -> dict[str, Any]:
+        health, last = host.health, host.health.last
+        return {
+            "name": name,
+            "url": _public_url(host.config.url),
+            "healthy": health.healthy,
+            "draining": name in self._draining,
+            "reason": health.reason,
+            "flips": health.flips,
+            "consecutive_failures": health.bad,
+            "consecutive_successes": health.good,
+            "last_probe": None if last is None else asdict(last),
+            "models": [self._model_status(name, host, m) for m in host.config.models],
+        }
+
+    def _model_status(self, name: str, host: _Host, m: ModelConfig) -> dict[str, Any]:
+        props = host.discovered.get(m.name)
+
+        def source(configured: int | None, found: int | None) -> str:
+            if configured is not None:
+                return "config"
+            return "props" if found else "default"
+
+        return {
+            "name": m.name,
+            "upstream": m.upstream_name,
+            "parallel": self.parallel(name, m.name),
+            "parallel_source": source(m.parallel, props and props.total_slots),
+            "ctx": self.ctx(name, m.name),
+            "ctx_source": source(m.ctx, props and props.n_ctx),
+        }
+
+
+def _public_url(url: str) -> str:
+    # A password in the URL is as secret as the api key.
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

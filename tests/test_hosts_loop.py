@@ -1,0 +1,187 @@
+"""Hosts over time: the probe loop, overlapping rounds, errors that must not stop it, reloads."""
+
+from __future__ import annotations
+
+from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
+
+from crossbar.hosts import Hosts
+from crossbar.limiter import Limiter
+
+
+def test_start_probes_at_once_and_then_every_health_interval():
+    w = World()
+    first = fired(w.hosts.start())
+    assert first == [None]
+    assert w.http.urls().count(TITAN + "/health") == 1
+    w.clock.pump([5, 5, 5])
+    assert w.http.urls().count(TITAN + "/health") == 4
+    w.hosts.stop()
+    w.clock.pump([5, 5])
+    assert w.http.urls().count(TITAN + "/health") == 4
+
+
+def test_start_fires_only_when_the_first_round_is_done():
+    w = World()
+    w.http.set(TITAN + "/health", HANG)
+    first = fired(w.hosts.start())
+    w.clock.advance(1)
+    assert not first
+    w.clock.advance(1)  # health_timeout
+    assert first == [None]
+    w.hosts.stop()
+
+
+def test_a_round_never_overlaps_itself():
+    w = World()
+    w.http.delay = 1.5
+    a = fired(w.hosts.probe_all())
+    b = fired(w.hosts.probe_all())  # joins the round under way
+    assert len(w.http.calls) == 2
+    w.clock.advance(1.5)
+    assert not a  # titan's /props is read within the round
+    w.clock.advance(1.5)
+    assert a == b == [None]
+    assert len(w.http.calls) == 3
+
+
+def test_a_slow_round_delays_the_next_tick_instead_of_stacking():
+    w = World(health_interval="1s", health_timeout="3s")
+    w.http.set(TITAN + "/health", HANG)
+    w.hosts.start()
+    w.clock.pump([1, 1])
+    assert w.http.urls().count(TITAN + "/health") == 1
+    w.clock.pump([1, 1])  # the round timed out at 3 s; the next starts after
+    assert w.http.urls().count(TITAN + "/health") == 2
+    w.hosts.stop()
+
+
+def test_a_broken_probe_is_logged_and_counted_and_the_loop_goes_on():
+    w = World()
+    calls = 0
+
+    def broken(url: str, headers: object) -> object:
+        nonlocal calls
+        calls += 1
+        raise RuntimeError("bug in the HTTP layer")
+
+    w.hosts = Hosts(config(unhealthy_after=1), w.clock, log=w.log.logger, get=broken)  # type: ignore[arg-type]
+    w.hosts.start()
+    w.clock.pump([5, 5])
+    assert calls == 6  # three rounds of two hosts: the loop did not stop
+    assert not w.hosts.healthy("titan")  # a probe that cannot be made is a failed probe
+    w.hosts.stop()
+
+
+def test_an_error_inside_a_round_is_counted_and_the_loop_goes_on():
+    w = World()
+
+    async def bug(name: str, host: object) -> None:
+        raise RuntimeError("bug")
+
+    w.hosts._probe = bug  # type: ignore[method-assign]
+    first = fired(w.hosts.start())
+    assert first == [None]
+    w.clock.pump([5, 5])
+    assert w.hosts.probe_errors == 3
+    assert any("health probe round failed" in t for t in w.log.texts)
+    w.hosts.stop()
+
+
+def test_a_listener_that_raises_is_logged_and_others_still_hear():
+    w = World()
+    w.hosts.add_listener(lambda h, m: 1 / 0)
+    heard: list[tuple[str, str]] = []
+    w.hosts.add_listener(lambda h, m: heard.append((h, m)))
+    w.http.props(TITAN, 4, 4096)
+    w.rounds(1)
+    assert heard == [("titan", "qwen")]
+    assert any("listener failed" in t for t in w.log.texts)
+
+
+def test_stop_abandons_probes_under_way():
+    w = World()
+    w.http.set(TITAN + "/health", HANG)
+    first = fired(w.hosts.start())
+    w.hosts.stop()
+    assert first == [None]
+    assert TITAN + "/health" in w.http.cancelled
+    assert w.hosts.status()[0]["last_probe"] is None  # a cancelled probe is no result
+    w.clock.advance(60)
+
+
+def test_reload_adds_and_removes_hosts_and_keeps_the_state_of_the_rest():
+    w = World(unhealthy_after=1)
+    w.http.health(TITAN, 500)
+    w.rounds(1)
+    new = config(
+        {
+            "titan": {"url": TITAN, "models": ["qwen"], "parallel": 3},
+            "vega": {"url": "http://vega:8080", "models": ["qwen"], "parallel": 2},
+        },
+        unhealthy_after=1,
+    )
+    w.hosts.reconfigure(new)
+    assert w.hosts.names() == ["titan", "vega"]
+    assert not w.hosts.healthy("titan") and w.hosts.healthy("vega")
+    assert w.hosts.flips == {"titan": 1, "vega": 0}
+    assert not w.hosts.healthy("atlas") and w.hosts.parallel("atlas", "qwen") == 1
+    assert sorted(w.changes) == [("titan", "qwen"), ("vega", "qwen")]
+
+
+def test_reload_tells_listeners_only_about_parallel_that_changed():
+    w = World()
+    w.http.props(TITAN, 4, 4096)
+    w.rounds(1)
+    w.changes.clear()
+    w.hosts.reconfigure(config())  # same config: nothing changed
+    assert w.changes == []
+    hosts = {
+        "titan": {"url": TITAN, "models": ["qwen"]},
+        "atlas": {"url": ATLAS, "models": ["qwen"], "parallel": 1, "ctx": 8192},
+    }
+    w.hosts.reconfigure(config(hosts))
+    assert w.changes == [("atlas", "qwen")]
+    assert w.hosts.parallel("titan", "qwen") == 4  # discovered values survive a reload
+
+
+def test_a_new_url_discards_what_was_discovered_at_the_old_one():
+    w = World()
+    w.http.props(TITAN, 4, 4096)
+    w.rounds(1)
+    moved = config({"titan": {"url": "http://titan2:8080", "models": ["qwen"]}})
+    w.hosts.reconfigure(moved)
+    assert w.hosts.parallel("titan", "qwen") == 1
+    w.http.health("http://titan2:8080", 200)
+    w.http.props("http://titan2:8080", 2, 2048)
+    w.rounds(1)
+    assert w.hosts.parallel("titan", "qwen") == 2
+
+
+def test_a_probe_of_a_removed_host_is_cancelled_and_ignored():
+    w = World()
+    w.http.set(TITAN + "/health", HANG)
+    done = fired(w.hosts.probe_all())
+    w.hosts.reconfigure(config({"atlas": {"url": ATLAS, "models": ["qwen"]}}))
+    assert done == [None]
+    assert w.hosts.names() == ["atlas"]
+
+
+def test_a_new_health_interval_takes_effect_on_reload():
+    w = World()
+    w.hosts.start()
+    w.hosts.reconfigure(config(health_interval="1s"))
+    w.clock.pump([1, 1, 1])
+    assert w.http.urls().count(TITAN + "/health") == 4
+    w.hosts.stop()
+
+
+def test_discovered_slots_reach_the_limiter_through_a_listener():
+    w = World()
+    limiter = Limiter(w.clock, w.hosts.parallel, queue_max=8, queue_timeout=60)
+    w.hosts.add_listener(limiter.resized)
+    held = [limiter.acquire("titan", "qwen") for _ in range(3)]
+    assert limiter.queued("titan", "qwen") == 2  # one slot until /props says otherwise
+    w.http.props(TITAN, total_slots=3, n_ctx=4096)
+    w.rounds(1)
+    assert all(d.called for d in held)
+    assert limiter.in_flight("titan", "qwen") == 3 and limiter.queued("titan", "qwen") == 0
