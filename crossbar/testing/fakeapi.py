@@ -102,8 +102,8 @@ class FakeApi(Resource):
             send_json(request, ApiError(500, "fake failed", "server_error").body(), 500)
 
     def _done(self, _: object, request: Request) -> None:
+        # A dropped request stays in _dropped until its connectionLost reaches _lost.
         self._active.pop(request, None)
-        self._dropped.discard(request)
 
     async def _respond(self, request: Request, path: str) -> None:
         try:
