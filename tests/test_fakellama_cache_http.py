@@ -125,6 +125,40 @@ async def test_requests_beyond_parallel_wait_inside_the_fake(fakes):
 
 
 @pytest_twisted.ensureDeferred
+async def test_prefill_costs_time_per_uncached_token_and_tokens_come_at_the_set_rate(fakes):
+    fake = await fakes(prefill_ms_per_token=2, tokens_per_second=200)
+    history = user("A question with quite a few words in it, to make prefill take a while.")
+    _, first = await post(fake, "/v1/chat/completions", {"messages": history, "max_tokens": 4})
+    timings = first["timings"]
+    assert timings["prompt_ms"] >= 0.9 * 2 * timings["prompt_n"]
+    assert timings["predicted_ms"] >= 0.9 * 4 * 1000 / 200
+    reply = first["choices"][0]["message"]["content"]
+    _, second = await post(
+        fake, "/v1/chat/completions", {"messages": next_turn(history, reply, "ok"), "max_tokens": 1}
+    )
+    # Only the new tokens are prefilled.
+    turn1 = first["usage"]["total_tokens"]
+    assert second["timings"]["prompt_n"] == second["usage"]["prompt_tokens"] - turn1
+    assert second["timings"]["prompt_ms"] < timings["prompt_ms"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_that_leaves_while_queued_leaves_the_fake_queue(fakes):
+    fake = await fakes(parallel=1, tokens_per_second=50)
+    body = {"messages": user("first"), "max_tokens": 10}
+    first = client().post(fake.url + "/v1/chat/completions", json=body)
+    await until(lambda: fake.cache.busy == 1)
+    queued = client().post(fake.url + "/v1/chat/completions", json=body)
+    queued.addErrback(lambda f: None)
+    await until(lambda: fake.counters.queued == 1)
+    queued.cancel()
+    await until(lambda: fake.counters.aborted == 1)
+    assert fake.counters.queued == 0 and fake.cache.queued == 0
+    await wait((await wait(first)).content())
+    assert [c.outcome for c in fake.counters.completions] == ["done"]
+
+
+@pytest_twisted.ensureDeferred
 async def test_id_slot_puts_the_request_on_that_slot(fakes):
     fake = await fakes(parallel=3)
     _, body = await post(fake, "/completion", {"prompt": "here", "id_slot": 2, "n_predict": 1})

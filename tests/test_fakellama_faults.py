@@ -93,18 +93,20 @@ async def test_error_500_fails_inference_but_not_health(fake):
 
 
 @pytest_twisted.ensureDeferred
-async def test_hang_accepts_and_never_answers_until_the_client_leaves(fake):
+async def test_hang_accepts_inference_and_never_answers_until_the_client_leaves(fake):
     fake.faults.hang = True
-    pending = client().get(fake.url + "/health")
+    pending = client().post(fake.url + "/v1/chat/completions", json={"messages": user("x")})
     outcome = []
     pending.addBoth(outcome.append)
-    await until(lambda: fake.counters.requests["/health"] == 1)
+    await until(lambda: fake.counters.in_flight == 1)
+    assert (await get(fake, "/health"))[0].code == 200  # the server itself still answers
     assert outcome == []
     pending.cancel()  # the client gives up
     assert outcome[0].check(ResponseNeverReceived, CancelledError)
     await until(lambda: fake.counters.aborted == 1)
+    assert fake.counters.in_flight == 0 and fake.counters.completions == []
     fake.faults.hang = False
-    assert (await get(fake, "/health"))[0].code == 200
+    assert (await post(fake, "/v1/chat/completions", {"messages": user("x")}))[0].code == 200
 
 
 @pytest_twisted.ensureDeferred

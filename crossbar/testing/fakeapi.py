@@ -116,8 +116,6 @@ class FakeApi(Resource):
         if path.startswith("/_fake/"):
             await self._fake_path(request, path, method)
             return
-        if fake.faults.hang:
-            await Deferred()  # accepted, never answered; the client's leaving cancels this
         if fake.loading:
             raise loading_error()
         if method == "GET" and path in self._get:

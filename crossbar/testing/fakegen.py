@@ -190,6 +190,8 @@ async def infer(fake: FakeLlama, request: Request, path: str, body: dict[str, An
     counters.in_flight += 1
     counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
     try:
+        if fake.faults.hang:
+            await Deferred()  # accepted, never answered; the client's leaving cancels this
         if fake.faults.error_500:
             raise server_error()
         job = parse_job(fake, path, body)

@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     faults = p.add_argument_group("faults (also settable at run time: POST /_fake/faults)")
     faults.add_argument("--refuse", action="store_true", help="refuse connections")
     faults.add_argument("--error-500", action="store_true", help="answer 500 to inference")
-    faults.add_argument("--hang", action="store_true", help="accept requests, never answer")
+    faults.add_argument("--hang", action="store_true", help="accept inference, never answer")
     faults.add_argument("--drop-after-chunks", type=int, metavar="N", help="cut streams after N")
     faults.add_argument("--stall-after-chunks", type=int, metavar="N", help="stall streams at N")
     faults.add_argument("--loading", action="store_true", help="stay in 503 Loading model")

@@ -58,12 +58,14 @@ def _refuse_changed(faults: Faults, _: Attribute[Any], value: bool) -> bool:
 
 @define
 class Faults:
-    """Switches a test flips to make the fake misbehave; each takes effect for new work at once.
+    """Switches a test flips to make the fake misbehave. Each takes effect at once: for new
+    requests, and (drop, stall) for streams already running at their next event.
 
     - `refuse`: stop listening and drop open connections (a dead host); off listens again on
       the same port. `await fake.settle()` waits until the listener has followed.
     - `error_500`: inference answers 500.
-    - `hang`: every llama-server path accepts the request and never sends headers.
+    - `hang`: inference requests are accepted and never answered, not even headers (a stuck
+      generation); `/health` and the control paths still answer.
     - `drop_after_chunks`: a stream is cut (TCP close, no terminating chunk) after N SSE
       events; 0 also cuts non-streaming inference before any response byte.
     - `stall_after_chunks`: a stream goes silent after N SSE events, connection kept open;
