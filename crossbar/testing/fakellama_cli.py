@@ -1,14 +1,93 @@
-"""`crossbar-fakellama`: not yet built (see the fake llama-server issue)."""
+"""`crossbar-fakellama`: run the fake llama-server until SIGINT/SIGTERM.
+
+    crossbar-fakellama --port 9001 --model qwen-coder --parallel 2 --tokens-per-second 40
+
+Prints one line with its URL once it listens (`--port 0` picks a free port; the line says
+which). Faults can be set at start with flags and later with `POST /_fake/faults`.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import react
+
+from crossbar.testing.fakellama import FakeConfig, FakeLlama, Faults
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="crossbar-fakellama",
+        description="A fake llama.cpp llama-server for tests, demos and benchmarks.",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
+    p.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
+    p.add_argument(
+        "--model", action="append", dest="models", metavar="NAME", help="model name (repeatable)"
+    )
+    p.add_argument("--parallel", type=int, default=2, help="request slots")
+    p.add_argument("--ctx", type=int, default=4096, help="context tokens per slot")
+    p.add_argument("--tokens-per-second", type=float, default=0, help="0: as fast as possible")
+    p.add_argument("--prefill-ms-per-token", type=float, default=0, help="cost of uncached tokens")
+    p.add_argument("--cache-slots", type=int, default=4, help="idle prompt caches kept (LRU)")
+    p.add_argument("--load-delay", type=float, default=0, help="seconds of 503 Loading model")
+    p.add_argument("--reply-tokens", type=int, default=16, help="reply length without max_tokens")
+    faults = p.add_argument_group("faults (also settable at run time: POST /_fake/faults)")
+    faults.add_argument("--refuse", action="store_true", help="refuse connections")
+    faults.add_argument("--error-500", action="store_true", help="answer 500 to inference")
+    faults.add_argument("--hang", action="store_true", help="accept inference, never answer")
+    faults.add_argument("--drop-after-chunks", type=int, metavar="N", help="cut streams after N")
+    faults.add_argument("--stall-after-chunks", type=int, metavar="N", help="stall streams at N")
+    faults.add_argument("--loading", action="store_true", help="stay in 503 Loading model")
+    return p
+
+
+def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
+    config = FakeConfig(
+        models=args.models or ["qwen-coder"],
+        parallel=args.parallel,
+        ctx=args.ctx,
+        tokens_per_second=args.tokens_per_second,
+        prefill_ms_per_token=args.prefill_ms_per_token,
+        cache_slots=args.cache_slots,
+        load_delay=args.load_delay,
+        reply_tokens=args.reply_tokens,
+    )
+    faults = Faults(
+        refuse=args.refuse,
+        error_500=args.error_500,
+        hang=args.hang,
+        drop_after_chunks=args.drop_after_chunks,
+        stall_after_chunks=args.stall_after_chunks,
+        loading=args.loading,
+    )
+    return config, faults
+
+
+async def _serve(reactor: Any, config: FakeConfig, faults: Faults, host: str, port: int) -> None:
+    fake = FakeLlama(reactor, config)
+    fake.faults.update(faults.as_dict())
+    await fake.start(port, host)
+    # The reactor's own SIGINT/SIGTERM handlers stop it; this trigger lets the fake close its
+    # connections first, so the process exits 0.
+    reactor.addSystemEventTrigger("before", "shutdown", lambda: Deferred.fromCoroutine(fake.stop()))
+    print(f"crossbar-fakellama: {', '.join(config.models)} at {fake.url}", flush=True)
+    await Deferred()  # until the reactor stops
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Not yet: the fake llama-server lands with its own issue; this says so and exits 1."""
-    print("crossbar-fakellama: not yet built (it lands with the fake llama-server issue)")
-    return 1
+    """Entry point of the `crossbar-fakellama` command; runs until SIGINT/SIGTERM."""
+    args = build_parser().parse_args(argv)
+    try:
+        config, faults = _config(args)
+    except ValueError as e:
+        print(f"crossbar-fakellama: {e}", file=sys.stderr)
+        return 2
+    react(_serve, (config, faults, args.host, args.port))  # exits the process
+    return 0
 
 
 if __name__ == "__main__":

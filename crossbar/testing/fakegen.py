@@ -1,0 +1,271 @@
+"""Inference in the fake llama-server: parse, wait for a slot, prefill, generate, answer."""
+
+from __future__ import annotations
+
+import secrets
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import deferLater
+from twisted.web.server import Request
+
+from crossbar.testing.fakeformat import FORMATS, Format, Job, Outcome
+from crossbar.testing.fakehttp import ApiError, bad_request, send_json, server_error, sse_event
+from crossbar.testing.fakestate import Completion
+from crossbar.testing.faketokens import render_chat, reply_pieces, responses_messages
+
+if TYPE_CHECKING:
+    from crossbar.testing.fakellama import FakeLlama
+
+KINDS = {
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+    "/v1/completions": "cmpl",
+    "/completions": "cmpl",
+    "/completion": "native",
+    "/v1/responses": "responses",
+}
+_ID_PREFIX = {"chat": "chatcmpl-", "cmpl": "cmpl-", "native": "cmpl-", "responses": "resp_"}
+# Which body keys limit the reply, per kind, in order of preference.
+_LIMIT_KEYS = {
+    "chat": ("max_completion_tokens", "max_tokens", "n_predict"),
+    "cmpl": ("max_tokens", "n_predict"),
+    "native": ("n_predict", "max_tokens"),
+    "responses": ("max_output_tokens", "max_tokens"),
+}
+
+
+class Dropped(Exception):
+    """The fake cut the connection on purpose (drop_after_chunks)."""
+
+
+def _prompt_tokens(fake: FakeLlama, prompt: Any) -> list[int]:
+    """A raw prompt: a string, token ids, strings and ids mixed, or one of those in a list."""
+    if isinstance(prompt, str):
+        return fake.tokenizer.tokenize(prompt)
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        return _prompt_tokens(fake, prompt[0])
+    if isinstance(prompt, list) and prompt:
+        tokens: list[int] = []
+        for part in prompt:
+            if isinstance(part, str):
+                tokens += fake.tokenizer.tokenize(part)
+            elif type(part) is int:
+                tokens.append(part)
+            else:
+                raise bad_request("the fake takes one prompt: a string or an array of tokens")
+        return tokens
+    raise bad_request("'prompt' must be a non-empty string or array of tokens")
+
+
+def _messages(fake: FakeLlama, kind: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+    if kind == "chat":
+        return body.get("messages")  # type: ignore[no-any-return]
+    if kind != "responses":
+        return None
+    previous = body.get("previous_response_id")
+    prior: list[dict[str, Any]] = []
+    instructions = body.get("instructions")
+    if previous is not None:
+        if previous not in fake.conversations:
+            raise bad_request(f"previous response with id '{previous}' not found")
+        # A chained turn extends the stored conversation, so it shares its prefix (and its
+        # cache); instructions were rendered at the start of the first turn.
+        prior = fake.conversations[previous]
+        instructions = None
+    return prior + responses_messages(instructions, body.get("input"))
+
+
+def parse_job(fake: FakeLlama, path: str, body: dict[str, Any]) -> Job:
+    """The request as a Job, or a 400 in llama-server's shape."""
+    kind = KINDS[path]
+    model = body.get("model") or fake.config.models[0]
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise bad_request("'stream' must be a boolean")
+    try:
+        messages = _messages(fake, kind, body)
+        if messages is not None:
+            prompt = fake.tokenizer.tokenize(render_chat(messages))
+        else:
+            prompt = _prompt_tokens(fake, body.get("prompt"))
+    except ValueError as e:
+        raise bad_request(str(e)) from None
+    limit = next((body[k] for k in _LIMIT_KEYS[kind] if body.get(k) is not None), None)
+    if limit is not None and (type(limit) is not int or limit < -1):
+        raise bad_request("the token limit must be an integer")
+    limited = limit is not None and limit >= 0
+    n_predict = limit if limited else fake.config.reply_tokens
+    ctx = fake.config.ctx
+    if len(prompt) >= ctx:
+        raise ApiError(
+            400,
+            f"request ({len(prompt)} tokens) exceeds the available context size "
+            f"({ctx} tokens), try increasing it",
+            "exceed_context_size_error",
+            n_prompt_tokens=len(prompt),
+            n_ctx=ctx,
+        )
+    if n_predict > ctx - len(prompt):
+        n_predict, limited = ctx - len(prompt), True  # the context fills up
+    id_slot = body.get("id_slot", -1)
+    if type(id_slot) is not int or not -1 <= id_slot < fake.config.parallel:
+        raise bad_request(f"invalid id_slot {id_slot!r}")
+    return Job(
+        kind=kind,
+        path=path,
+        id=_ID_PREFIX[kind] + secrets.token_hex(12),
+        model=model,
+        prompt=prompt,
+        stream=stream,
+        n_predict=n_predict,
+        limited=limited,
+        id_slot=None if id_slot == -1 else id_slot,
+        use_cache=body.get("cache_prompt", True) is not False,
+        messages=messages,
+        created=int(fake.reactor.seconds()),
+        item_id="msg_" + secrets.token_hex(12),
+    )
+
+
+def _sleep(fake: FakeLlama, seconds: float) -> Deferred[None]:
+    return deferLater(fake.reactor, seconds)
+
+
+class _Output:
+    """Writes one answer: SSE events as they come, or one JSON body; applies the mid-stream
+    faults before every event."""
+
+    def __init__(self, fake: FakeLlama, request: Request, job: Job, fmt: Format) -> None:
+        self._fake = fake
+        self._request = request
+        self._job = job
+        self._fmt = fmt
+        self.sent = 0
+
+    async def _gate(self) -> None:
+        faults = self._fake.faults
+        if faults.drop_after_chunks is not None and self.sent >= faults.drop_after_chunks:
+            self._fake.api.drop(self._request)
+            raise Dropped()
+        if faults.stall_after_chunks is not None and self.sent >= faults.stall_after_chunks:
+            await Deferred()  # silent until the client leaves (which cancels this)
+
+    async def _send(self, events: list[tuple[Any, str | None]]) -> None:
+        for data, event in events:
+            await self._gate()
+            if self.sent == 0:
+                self._request.setHeader(b"content-type", b"text/event-stream")
+                self._request.setHeader(b"cache-control", b"no-cache")
+            self._request.write(sse_event(data, event))
+            self.sent += 1
+            self._fake.counters.chunks_sent += 1
+
+    async def begin(self) -> None:
+        if self._job.stream:
+            await self._send(self._fmt.begin(self._job))
+
+    async def token(self, piece: str, token: int, i: int) -> None:
+        if self._job.stream:
+            await self._send(self._fmt.token(self._job, piece, token, i))
+
+    async def end(self, outcome: Outcome) -> None:
+        if not self._job.stream:
+            await self._gate()
+            send_json(self._request, self._fmt.body(self._job, outcome))
+            return
+        events = self._fmt.end(self._job, outcome)
+        if self._fmt.done_marker:
+            events.append(("[DONE]", None))
+        await self._send(events)
+        await self._gate()
+        self._request.finish()
+
+
+async def infer(fake: FakeLlama, request: Request, path: str, body: dict[str, Any]) -> None:
+    """Answer one inference request (the caller maps ApiError to its error body)."""
+    counters = fake.counters
+    counters.in_flight += 1
+    counters.peak_in_flight = max(counters.peak_in_flight, counters.in_flight)
+    try:
+        if fake.faults.hang:
+            await Deferred()  # accepted, never answered; the client's leaving cancels this
+        if fake.faults.error_500:
+            raise server_error()
+        job = parse_job(fake, path, body)
+        await _run(fake, request, job)
+    finally:
+        counters.in_flight -= 1
+
+
+async def _run(fake: FakeLlama, request: Request, job: Job) -> None:
+    counters = fake.counters
+    counters.queued += 1
+    try:
+        claim = await fake.cache.claim(job.prompt, job.id_slot, job.use_cache)
+    finally:
+        counters.queued -= 1
+    job.slot = claim.slot.id
+    counters.prefill_tokens += claim.prompt_n
+    counters.cached_tokens += claim.cache_n
+    fake.running[job.id] = job.path
+    out = _Output(fake, request, job, FORMATS[job.kind])
+    kv = job.prompt[: claim.cache_n]  # what the slot's cache holds if we stop now
+    pieces: list[str] = []
+    outcome = "aborted"
+    config = fake.config
+    start = fake.reactor.seconds()
+    try:
+        if config.prefill_ms_per_token > 0 and claim.prompt_n:
+            await _sleep(fake, config.prefill_ms_per_token * claim.prompt_n / 1000)
+        kv = list(job.prompt)
+        prefilled = fake.reactor.seconds()
+        await out.begin()
+        gap = 1 / config.tokens_per_second if config.tokens_per_second else 0
+        reply = reply_pieces(job.prompt)
+        for i in range(job.n_predict):
+            # Every token costs a decode step (a reactor turn at least, so streams interleave
+            # and each SSE event leaves on its own).
+            await _sleep(fake, gap)
+            piece = next(reply)
+            (token,) = fake.tokenizer.ids([piece])
+            pieces.append(piece)
+            kv.append(token)
+            counters.predicted_tokens += 1
+            await out.token(piece, token, i)
+        text = "".join(pieces)
+        result = Outcome(
+            text=text,
+            n_predicted=len(pieces),
+            stopped_by_limit=job.limited,
+            cache_n=claim.cache_n,
+            prompt_n=claim.prompt_n,
+            prompt_ms=(prefilled - start) * 1000,
+            predicted_ms=(fake.reactor.seconds() - prefilled) * 1000,
+        )
+        if job.kind == "responses" and job.messages is not None:
+            fake.remember(job.id, [*job.messages, {"role": "assistant", "content": text}])
+        await out.end(result)
+        outcome = "done"
+    except Dropped:
+        outcome = "dropped"
+    finally:
+        fake.running.pop(job.id, None)
+        fake.cache.release(claim.slot, kv)
+        fake.record(
+            Completion(
+                id=job.id,
+                path=job.path,
+                model=job.model,
+                slot=job.slot,
+                stream=job.stream,
+                prompt_tokens=len(job.prompt),
+                cache_n=claim.cache_n,
+                prompt_n=claim.prompt_n,
+                completion_tokens=len(pieces),
+                text="".join(pieces),
+                outcome=outcome,
+            )
+        )

@@ -1,0 +1,170 @@
+"""Each fault switch of the fake does what it says, and turning it off heals the fake."""
+
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.protocol import Protocol
+from twisted.web.client import ResponseDone, ResponseNeverReceived
+
+from crossbar.testing.fakellama import FakeLlama
+from tests.fakehelp import client, events, get, post, until, user, wait
+
+
+@pytest_twisted.async_yield_fixture
+async def fake():
+    fake = FakeLlama(reactor, parallel=2)
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+class Body(Protocol):
+    """Collects a streamed body; `events` fires once `n` SSE events have arrived."""
+
+    def __init__(self, n=None):
+        self.data = b""
+        self.reason = None
+        self.done = Deferred()
+        self.events = Deferred()
+        self._n = n
+
+    def dataReceived(self, data):
+        self.data += data
+        if self._n is not None and self.data.count(b"data: ") >= self._n:
+            if not self.events.called:
+                self.events.callback(None)
+
+    def connectionLost(self, reason):
+        self.reason = reason
+        self.done.callback(None)
+
+
+async def open_stream(fake, n=None, **extra):
+    body = {"messages": user("stream"), "stream": True, **extra}
+    response = await wait(client().post(fake.url + "/v1/chat/completions", json=body))
+    collector = Body(n)
+    response.deliverBody(collector)
+    return collector
+
+
+@pytest_twisted.ensureDeferred
+async def test_refuse_closes_the_port_and_off_listens_again_on_the_same_port(fake):
+    port, url = fake.port, fake.url
+    stream = await open_stream(fake, tokens_per_second=50, max_tokens=500)
+    fake.faults.refuse = True
+    await wait(fake.settle())
+    with pytest.raises(ConnectionRefusedError):
+        await get(fake, "/health")
+    # A dead host takes its open connections with it: the stream is cut, not finished.
+    await wait(stream.done)
+    assert stream.reason.check(ResponseDone) is None
+    await until(lambda: fake.counters.in_flight == 0)
+    assert (fake.counters.dropped, fake.counters.aborted) == (1, 0)
+    fake.faults.refuse = False
+    await wait(fake.settle())
+    response, _ = await get(fake, "/health")
+    assert response.code == 200 and (fake.port, fake.url) == (port, url)
+
+
+@pytest_twisted.ensureDeferred
+async def test_refuse_set_over_http_answers_first_and_refuse_for_heals_by_itself(fake):
+    response, faults = await post(fake, "/_fake/faults", {"refuse": True, "refuse_for": 0.2})
+    assert response.code == 200 and faults["refuse"] is True
+    await wait(fake.settle())
+    with pytest.raises(ConnectionRefusedError):
+        await get(fake, "/health")
+    await until(lambda: not fake.faults.refuse)
+    await wait(fake.settle())
+    response, _ = await get(fake, "/health")
+    assert response.code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_error_500_fails_inference_but_not_health(fake):
+    fake.faults.error_500 = True
+    response, body = await post(fake, "/v1/chat/completions", {"messages": user("x")})
+    assert response.code == 500
+    assert body["error"]["code"] == 500 and body["error"]["type"] == "server_error"
+    assert (await get(fake, "/health"))[0].code == 200
+    fake.faults.error_500 = False
+    assert (await post(fake, "/v1/chat/completions", {"messages": user("x")}))[0].code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_hang_accepts_inference_and_never_answers_until_the_client_leaves(fake):
+    fake.faults.hang = True
+    pending = client().post(fake.url + "/v1/chat/completions", json={"messages": user("x")})
+    outcome = []
+    pending.addBoth(outcome.append)
+    await until(lambda: fake.counters.in_flight == 1)
+    assert (await get(fake, "/health"))[0].code == 200  # the server itself still answers
+    assert outcome == []
+    pending.cancel()  # the client gives up
+    assert outcome[0].check(ResponseNeverReceived, CancelledError)
+    await until(lambda: fake.counters.aborted == 1)
+    assert fake.counters.in_flight == 0 and fake.counters.completions == []
+    fake.faults.hang = False
+    assert (await post(fake, "/v1/chat/completions", {"messages": user("x")}))[0].code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_drop_after_chunks_cuts_the_stream_after_n_events(fake):
+    fake.faults.drop_after_chunks = 3
+    stream = await open_stream(fake, max_tokens=20)
+    await wait(stream.done)
+    assert stream.reason.check(ResponseDone) is None  # no terminating chunk: a visible cut
+    assert len(events(stream.data.decode())) == 3
+    await until(lambda: fake.cache.busy == 0)
+    (done,) = fake.counters.completions
+    assert done.outcome == "dropped" and done.completion_tokens >= 2  # role + 2 tokens went out
+    assert (fake.counters.dropped, fake.counters.aborted) == (1, 0)
+
+
+@pytest_twisted.ensureDeferred
+async def test_drop_after_zero_chunks_cuts_before_any_response_byte(fake):
+    fake.faults.drop_after_chunks = 0
+    with pytest.raises(ResponseNeverReceived):
+        await wait(client().post(fake.url + "/v1/chat/completions", json={"messages": user("x")}))
+    fake.faults.drop_after_chunks = None
+    assert (await post(fake, "/v1/chat/completions", {"messages": user("x")}))[0].code == 200
+
+
+@pytest_twisted.ensureDeferred
+async def test_stall_after_chunks_goes_silent_with_the_connection_open(fake):
+    fake.faults.stall_after_chunks = 2
+    stream = await open_stream(fake, n=2, max_tokens=20)
+    await wait(stream.events)
+    # A whole other answer is generated meanwhile; the stalled stream gets nothing more.
+    response, _ = await post(fake, "/v1/chat/completions", {"messages": user("other")})
+    assert response.code == 200
+    assert stream.data.count(b"data: ") == 2 and not stream.done.called
+    assert fake.counters.in_flight == 1
+    stream_transport = stream.transport
+    stream_transport.stopProducing()  # the client gives up
+    await until(lambda: fake.counters.aborted == 1)
+    assert fake.counters.in_flight == 0 and fake.cache.busy == 0
+    assert [c.outcome for c in fake.counters.completions] == ["done", "aborted"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_loading_answers_503_loading_model_everywhere_until_off(fake):
+    fake.faults.loading = True
+    loading = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
+    for path in ("/health", "/props"):
+        response, body = await get(fake, path)
+        assert (response.code, body) == (503, loading)
+    response, body = await post(fake, "/v1/chat/completions", {"messages": user("x")})
+    assert (response.code, body) == (503, loading)
+    fake.faults.loading = False
+    assert (await get(fake, "/health"))[0].code == 200
+
+
+def test_bad_fault_values_are_refused_before_anything_changes():
+    fake = FakeLlama(reactor)
+    with pytest.raises(ValueError, match="drop_after_chunks"):
+        fake.faults.drop_after_chunks = -1
+    with pytest.raises(ValueError, match="refuse"):
+        fake.faults.update({"hang": True, "refuse": "yes"})
+    assert not fake.faults.hang

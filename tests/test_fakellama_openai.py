@@ -1,0 +1,105 @@
+"""The official openai client talks to the fake, streaming and not, and Responses chain."""
+
+import pytest_twisted
+from openai import OpenAI
+from twisted.internet import reactor
+from twisted.internet.threads import deferToThread
+
+from crossbar.testing.fakellama import FakeLlama
+from tests.fakehelp import post, user, wait
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, *user("Name a prime.")]
+
+
+@pytest_twisted.async_yield_fixture
+async def fake():
+    fake = FakeLlama(reactor, tokens_per_second=0)
+    await fake.start()
+    yield fake
+    await fake.stop()
+
+
+def in_thread(fake, use):
+    """Run `use(client)` with a sync openai client in a thread, so the reactor keeps serving."""
+
+    def run():
+        with OpenAI(base_url=fake.url + "/v1", api_key="none", max_retries=0, timeout=10) as c:
+            return use(c)
+
+    return wait(deferToThread(run), 30)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_openai_client_gets_the_deterministic_chat_reply(fake):
+    reply = await in_thread(
+        fake, lambda c: c.chat.completions.create(model="qwen-coder", messages=MESSAGES)
+    )
+    assert reply.choices[0].message.content == fake.reply(MESSAGES)
+    assert reply.model == "qwen-coder"
+    assert reply.usage.prompt_tokens == len(fake.chat_prompt(MESSAGES))
+    assert reply.usage.completion_tokens == fake.config.reply_tokens
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_openai_client_streams_the_same_text(fake):
+    def stream(c):
+        chunks = list(
+            c.chat.completions.create(
+                model="qwen-coder",
+                messages=MESSAGES,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+        return text, chunks[-1].usage
+
+    text, usage = await in_thread(fake, stream)
+    assert text == fake.reply(MESSAGES) == fake.counters.completions[-1].text
+    assert usage.completion_tokens == fake.config.reply_tokens
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_openai_client_uses_completions_and_responses(fake):
+    text = await in_thread(
+        fake,
+        lambda c: c.completions.create(model="m", prompt="Once upon", max_tokens=5).choices[0].text,
+    )
+    assert text == fake.reply(prompt="Once upon", max_tokens=5)
+
+    def respond(c):
+        plain = c.responses.create(model="m", instructions="Be brief.", input="Hi")
+        streamed = c.responses.create(model="m", input="Hi again", stream=True)
+        deltas = [e.delta for e in streamed if e.type == "response.output_text.delta"]
+        return plain, "".join(deltas)
+
+    plain, streamed = await in_thread(fake, respond)
+    system = {"role": "system", "content": "Be brief."}
+    assert plain.output_text == fake.reply([system, *user("Hi")])
+    assert plain.id.startswith("resp_") and plain.usage.input_tokens > 0
+    assert streamed == fake.reply(user("Hi again"))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_chained_response_reuses_the_previous_prompt_and_reply(fake):
+    _, first = await post(
+        fake, "/v1/responses", {"instructions": "Plan.", "input": "Build a CLI.", "model": "m"}
+    )
+    assert first["object"] == "response" and first["id"].startswith("resp_")
+    text = first["output"][0]["content"][0]["text"]
+    assert first["output"][0]["type"] == "message" and text
+    turn1 = first["usage"]["input_tokens"] + first["usage"]["output_tokens"]
+    _, second = await post(
+        fake,
+        "/v1/responses",
+        {"previous_response_id": first["id"], "input": "Now add tests.", "stream": True},
+    )
+    kinds = [line[len("event: ") :] for line in second.splitlines() if line.startswith("event: ")]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.output_text.delta" in kinds
+    done = fake.counters.completions[-1]
+    assert done.cache_n == turn1 and done.prompt_n == done.prompt_tokens - turn1
+    response, body = await post(
+        fake, "/v1/responses", {"previous_response_id": "resp_x", "input": "?"}
+    )
+    assert response.code == 400 and "resp_x" in body["error"]["message"]
