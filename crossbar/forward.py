@@ -151,12 +151,20 @@ class Upstream:
         producer = BytesProducer(body) if body is not None else None
         d = agent.request(method, url, headers, producer)
         reused = not fresh and self.pool.last_reused
-        d.addTimeout(self.idle_timeout, self._reactor)
+        timed_out: list[bool] = []
+
+        def on_timeout(result: Any, timeout: float) -> Any:
+            timed_out.append(True)
+            return result
+
+        d.addTimeout(self.idle_timeout, self._reactor, onTimeoutCancel=on_timeout)
         try:
             return await d
         except defer.CancelledError:
             raise
         except Exception:
+            if timed_out:  # the Agent reports our cancel as ResponseNeverReceived
+                raise UpstreamFailure("idle timeout", host_fault=False, reused=reused) from None
             failure = Failure()
             mapped = classify(failure, reused)
             if mapped is None:
@@ -185,7 +193,8 @@ class Relay(Protocol):
         self._on_data = on_data
         self._timer: IDelayedCall | None = None
         self.timed_out = False
-        self.done: Deferred[Failure] = Deferred(canceller=self._cancel)
+        self.reason: Failure | None = None  # why the body ended, once `done` fired
+        self.done: Deferred[None] = Deferred(canceller=self._cancel)
 
     def connectionMade(self) -> None:
         self._request.registerProducer(self, True)
@@ -211,12 +220,18 @@ class Relay(Protocol):
     def connectionLost(self, reason: Failure = client.ResponseDone) -> None:
         self._disarm()
         self._request.unregisterProducer()
+        self.reason = reason
         if not self.done.called:
-            self.done.callback(reason)
+            self.done.callback(None)
 
-    def complete(self, reason: Failure) -> bool:
+    def complete(self) -> bool:
         """True when the body ended as the host meant it to."""
-        return not self.timed_out and reason.check(ResponseDone, PotentialDataLoss) is not None
+        reason = self.reason
+        return (
+            not self.timed_out
+            and reason is not None
+            and reason.check(ResponseDone, PotentialDataLoss) is not None
+        )
 
     def _arm(self) -> None:
         if self._timer is not None and self._timer.active():

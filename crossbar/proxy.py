@@ -153,7 +153,7 @@ class ProxyResource(Resource):
     async def _forward(self, request, ex, kind, key, candidates, body, raw, method, target):
         app = self.app
         route = target.route
-        moved = False
+        failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         while True:
             try:
                 acquired = await app.table.acquire(key, candidates, app.clock.seconds())
@@ -164,6 +164,9 @@ class ProxyResource(Resource):
                     retry_after=app.config.server.health_interval,
                 ) from None
             except NoHost:
+                if failed is not None:  # the host that failed was the last one left
+                    ex.error = f"upstream {failed[1].reason}"
+                    raise failed[1].client_error(failed[0]) from None
                 raise unavailable(
                     f"no healthy host can take model {key.model!r} on route {route.name!r} now",
                     retry_after=app.config.server.health_interval,
@@ -177,8 +180,8 @@ class ProxyResource(Resource):
                 release()
                 if failure.host_fault:
                     app.hosts.passive_failure(host, failure.reason)
-                    if kind is Kind.INFERENCE and not moved:
-                        moved = True  # the lease moves (reason unhealthy) on the next acquire
+                    if kind is Kind.INFERENCE and failed is None:
+                        failed = (host, failure)  # the lease moves (unhealthy) on this acquire
                         continue
                 ex.error = f"upstream {failure.reason}"
                 raise failure.client_error(host) from None
@@ -261,8 +264,8 @@ class ProxyResource(Resource):
 
         relay = Relay(request, app.clock, app.config.server.upstream_idle_timeout, on_data)
         response.deliverBody(relay)
-        reason = await relay.done
-        if relay.complete(reason):
+        await relay.done
+        if relay.complete():
             meter.finish()
             request.finish()
             return

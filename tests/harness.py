@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import treq
+from treq.client import HTTPClient
 from attrs import define, field
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred
-from twisted.web.client import HTTPConnectionPool
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.web.client import Agent, HTTPConnectionPool
 
 from crossbar.app import App
 from crossbar.build import build_app
@@ -48,10 +48,10 @@ class Crossbar:
     def url(self, route: str, path: str) -> str:
         return f"{self.base}/r/{route}{path}"
 
-    def client(self) -> treq.HTTPClient:
+    def client(self) -> HTTPClient:
         pool = HTTPConnectionPool(reactor, persistent=True)
         self._pools.append(pool)
-        return treq.HTTPClient(treq.client.Agent(reactor, pool=pool))
+        return HTTPClient(Agent(reactor, pool=pool))
 
     async def chat(self, route: str, messages: list[dict], **extra: Any) -> tuple[Any, dict]:
         body = {"model": MODEL, "messages": messages, **extra}
@@ -96,9 +96,9 @@ async def start_crossbar(
     return Crossbar(app, site, port, fakes)
 
 
-def wait(d: Deferred, seconds: float = 10) -> Deferred:
+def wait(d: Any, seconds: float = 10) -> Deferred:
     """Guard an await that could hang: fail after `seconds` instead of blocking the suite."""
-    return d.addTimeout(seconds, reactor)
+    return ensureDeferred(d).addTimeout(seconds, reactor)
 
 
 def turn(history: list[dict], reply: dict, text: str) -> list[dict]:
