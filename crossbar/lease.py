@@ -188,6 +188,7 @@ class Table:
         if not key.model:
             raise ValueError("a lease key needs a model (fp == model == '' names a pin row)")
         candidates = tuple(candidates)
+        # Not lease state: a record that the route listed these hosts, whatever comes next.
         self._seen.setdefault(key.route, set()).update(candidates)
         lock = self._locks.get(key)
         if lock is None:
@@ -245,8 +246,9 @@ class Table:
             ):
                 await self._place(key, parent.host, now, reason, origin)
                 return Acquired(parent.host, reused=True, pinned=False)
-        # 4. Choose among healthy, non-draining candidates; none: nothing changes.
-        usable = [h for h in candidates if h != origin and healthy(h) and not draining(h)]
+        # 4. Choose among healthy, non-draining candidates (the host a lease leaves is neither
+        # healthy nor a candidate); none: nothing changes.
+        usable = [h for h in candidates if healthy(h) and not draining(h)]
         host = self._chooser.choose(usable, key.model, route=key.route) if usable else None
         if host is None:
             raise NoHost(key.route, key.model)
