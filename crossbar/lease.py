@@ -27,7 +27,7 @@ from crossbar.lease_index import LeaseIndex
 from crossbar.records import LeaseEvent
 
 
-@frozen
+@frozen(cache_hash=True)  # hashed several times per acquire and per index update
 class Key:
     """What a lease is for: a conversation (`fp`) of a route, for one model."""
 
@@ -150,7 +150,7 @@ class Table:
         """A table holding the store's leases and pins (rows with fp == model == "", PINNED)."""
         table = cls(store, hosts, chooser, idle)
         for lease in await store.list_leases():
-            table._remember(lease)
+            table._remember(lease, copy=False)  # fresh objects, nobody else holds them
             table._seen.setdefault(lease.key.route, set()).add(lease.host)
         return table
 
@@ -364,8 +364,9 @@ class Table:
         for lease in save:
             self._remember(lease)
 
-    def _remember(self, lease: Lease) -> None:
-        lease = evolve(lease)  # never share an object with the caller or the store
+    def _remember(self, lease: Lease, copy: bool = True) -> None:
+        if copy:
+            lease = evolve(lease)  # never share an object with the caller or the store
         key = lease.key
         if key.fp == "" and key.model == "" and lease.state is State.PINNED:
             self._pins[key.route] = lease

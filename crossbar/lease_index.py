@@ -52,7 +52,10 @@ class LeaseIndex:
         self._leases[key] = lease
         self._by_route.setdefault(key.route, {})[key] = None
         self._per_host[(lease.host, key.model)] += 1
-        self._route_hosts.setdefault((key.route, key.model), Counter())[lease.host] += 1
+        hosts = self._route_hosts.get((key.route, key.model))
+        if hosts is None:
+            hosts = self._route_hosts[(key.route, key.model)] = Counter()
+        hosts[lease.host] += 1
 
     def drop(self, key: Key) -> Lease | None:
         """Remove the lease with `key`, if any, and return it."""

@@ -110,8 +110,9 @@ class Store:
     async def list_leases(self) -> list[Lease]:
         """Every lease and pin row."""
         rows = await self._run("listing leases", _query, f"SELECT {_LEASE_COLUMNS} FROM leases")
+        states = {s.value: s for s in State}  # a dict lookup; State(value) is slower
         return [
-            Lease(Key(route, fp, model), host, State(state), created, last_used)
+            Lease(Key(route, fp, model), host, states[state], created, last_used)
             for route, fp, model, host, state, created, last_used in rows
         ]
 
