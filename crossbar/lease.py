@@ -21,10 +21,13 @@ from typing import Any, Protocol
 
 from attrs import define, evolve, frozen
 from twisted.internet.defer import CancelledError, Deferred, DeferredLock, ensureDeferred
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from crossbar.lease_index import LeaseIndex
 from crossbar.records import LeaseEvent
+
+_log = Logger()
 
 
 @frozen(cache_hash=True)  # hashed several times per acquire and per index update
@@ -314,28 +317,22 @@ class Table:
         Returns the number of leases dropped, pins not included."""
         leases = [lease for lease in self._index.all() if lease.host in names]
         pins = [pin for pin in self._pins.values() if pin.host in names]
-        events = [LeaseEvent(now, pin.key.route, "", "", pin.host, "", "config") for pin in pins]
-        await self._drop(leases, now, "config", pins=pins, extra=events)
+        await self._drop(leases, now, "config", pins=pins)
         for hosts in self._seen.values():
             hosts.difference_update(names)
         return len(leases)
 
     async def _drop(
-        self,
-        leases: list[Lease],
-        now: float,
-        reason: str,
-        pins: Sequence[Lease] = (),
-        extra: Sequence[LeaseEvent] = (),
+        self, leases: list[Lease], now: float, reason: str, pins: Sequence[Lease] = ()
     ) -> None:
-        if not leases and not pins:
-            return
-        events = [*extra]
-        events += (
-            LeaseEvent(now, lease.key.route, lease.key.fp, lease.key.model, lease.host, "", reason)
-            for lease in leases
-        )
-        await self._commit(delete=[lease.key for lease in (*pins, *leases)], events=events)
+        """Delete leases (and pin rows), one `reason` event each."""
+        gone = [*pins, *leases]
+        if gone:
+            events = [
+                LeaseEvent(now, x.key.route, x.key.fp, x.key.model, x.host, "", reason)
+                for x in gone
+            ]
+            await self._commit(delete=[x.key for x in gone], events=events)
 
     # -- writing -----------------------------------------------------------------------------
 
@@ -386,11 +383,13 @@ def _shielded(d: Deferred[Any]) -> Deferred[Any]:
     out: Deferred[Any] = Deferred()
 
     def relay(result: object) -> None:
-        if not out.called:  # called already: `out` was cancelled; the result stays with `d`
+        if out.called:  # `out` was cancelled: nobody waits for this result any more
             if isinstance(result, Failure):
-                out.errback(result)
-            else:
-                out.callback(result)
+                _log.failure("lease write failed; its caller had gone", result, LogLevel.error)
+        elif isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
 
     d.addBoth(relay)
     return out
