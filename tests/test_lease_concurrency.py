@@ -1,8 +1,9 @@
 """Concurrent acquires of one key resolve to one host; other keys never wait behind them."""
 
+import pytest
 import pytest_twisted
 from lease_fakes import HeldStore, hosts_of, make_table, open_store, story
-from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.defer import CancelledError, DeferredList, ensureDeferred
 
 from crossbar.lease import Acquired, Key
 
@@ -51,3 +52,17 @@ async def test_calls_for_one_key_are_served_one_at_a_time_in_arrival_order(store
         held.let_go()
         assert (await call).reused == (i > 0)
         assert table.snapshot()[0].last_used == float(i + 1)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_caller_cancelled_while_waiting_for_the_key_leaves_the_queue(store):
+    held = HeldStore(store)
+    table = await make_table(held)
+    first = ensureDeferred(table.acquire(K, AB, 1.0))
+    waiting = ensureDeferred(table.acquire(K, AB, 1.0))
+    waiting.cancel()
+    with pytest.raises(CancelledError):
+        await waiting
+    held.let_go()
+    assert (await first).host == "a"
+    assert table._locks == {}
