@@ -1,0 +1,395 @@
+"""The sticky lease table (SPEC §5): which host each conversation is on, and keeping it there.
+
+A lease moves only when its host is unhealthy, when it has been idle longer than `idle`, or
+when an operator pins or releases its route. Every change is written to the store first and
+applied to memory only once the write succeeded, so a failed write changes nothing and a
+restart (`Table.load`) moves nobody.
+
+Concurrency: `acquire` holds a per-key lock across its store write, so calls for one key resolve
+to one host while other keys go on. Route-wide operations (pin, release, expiry) take no lock:
+each applies to memory exactly the change it wrote, and the store (one connection, one thread)
+completes writes in the order they were submitted, so memory replays the store's history.
+A stale decision is healed by the next acquire (a lease left on another host under a pin moves
+to the pin).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
+
+from attrs import define, evolve, frozen
+from twisted.internet.defer import CancelledError, Deferred, DeferredLock, ensureDeferred
+from twisted.logger import Logger, LogLevel
+from twisted.python.failure import Failure
+
+from crossbar.lease_index import LeaseIndex
+from crossbar.records import LeaseEvent
+
+_log = Logger()
+
+
+@frozen(cache_hash=True)  # hashed several times per acquire and per index update
+class Key:
+    """What a lease is for: a conversation (`fp`) of a route, for one model."""
+
+    route: str
+    fp: str
+    model: str
+
+
+class State(enum.Enum):
+    """A row's state; the values are what the store keeps."""
+
+    ACTIVE = "active"
+    PINNED = "pinned"
+
+
+@define
+class Lease:
+    """`key -> host`, with when it was made and last used (seconds, from the injected clock)."""
+
+    key: Key
+    host: str
+    state: State
+    created: float
+    last_used: float
+
+
+@frozen
+class Acquired:
+    """The answer to an acquire: `reused` when an existing lease decided the host (its own or
+    the route lease it inherits), `pinned` for every request of a pinned route."""
+
+    host: str
+    reused: bool
+    pinned: bool
+
+
+class LeaseError(Exception):
+    """A lease could not be had."""
+
+
+class NoHost(LeaseError):
+    """No candidate is healthy and not draining."""
+
+    def __init__(self, route: str, model: str) -> None:
+        super().__init__(
+            f"no usable host for route {route!r}, model {model!r}: "
+            "every candidate is unhealthy or draining"
+        )
+        self.route, self.model = route, model
+
+
+class PinnedDown(LeaseError):
+    """The route is pinned to a host that is not healthy; a pin is never silently overridden."""
+
+    def __init__(self, route: str, host: str) -> None:
+        super().__init__(f"route {route!r} is pinned to host {host!r}, which is not healthy")
+        self.route, self.host = route, host
+
+
+class UnknownHost(LeaseError):
+    """A pin to a host that was never a candidate of the route."""
+
+    def __init__(self, route: str, host: str) -> None:
+        super().__init__(f"host {host!r} is not one of the hosts of route {route!r}")
+        self.route, self.host = route, host
+
+
+class LeaseStore(Protocol):
+    """What the table needs of `crossbar.store.Store`."""
+
+    async def list_leases(self) -> list[Lease]: ...
+
+    async def apply(
+        self,
+        save: Iterable[Lease] = (),
+        delete: Iterable[Key] = (),
+        events: Iterable[LeaseEvent] = (),
+    ) -> None: ...
+
+
+class HostStates(Protocol):
+    def healthy(self, name: str) -> bool: ...
+
+    def draining(self, name: str) -> bool: ...
+
+
+class HostChooser(Protocol):
+    def choose(self, candidates: Sequence[str], model: str, route: str = "") -> str | None: ...
+
+
+def pin_key(route: str) -> Key:
+    """The key of a route's pin row: fp and model empty."""
+    return Key(route, "", "")
+
+
+class Table:
+    """The lease table. Build it with `await Table.load(...)`."""
+
+    def __init__(
+        self, store: LeaseStore, hosts: HostStates, chooser: HostChooser, idle: float
+    ) -> None:
+        self._store = store
+        self._hosts = hosts
+        self._chooser = chooser
+        self._idle = idle
+        # Writing last_used on every request would cost a SQLite write per request, so a reused
+        # lease's last_used is persisted only once it advanced by more than this; expiry reads
+        # the in-memory value, so at worst a restart expires a lease this much early.
+        self._touch_every = min(60.0, idle / 100)
+        self._index = LeaseIndex()
+        self._saved_use: dict[Key, float] = {}  # last_used as the store has it
+        self._pins: dict[str, Lease] = {}
+        self._seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
+        self._locks: dict[Key, DeferredLock] = {}
+
+    @classmethod
+    async def load(
+        cls, store: LeaseStore, hosts: HostStates, chooser: HostChooser, idle: float
+    ) -> Table:
+        """A table holding the store's leases and pins (rows with fp == model == "", PINNED)."""
+        table = cls(store, hosts, chooser, idle)
+        for lease in await store.list_leases():
+            table._remember(lease, copy=False)  # fresh objects, nobody else holds them
+            table._seen.setdefault(lease.key.route, set()).add(lease.host)
+        return table
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def pinned(self, route: str) -> str | None:
+        pin = self._pins.get(route)
+        return pin.host if pin else None
+
+    def pins(self) -> dict[str, str]:
+        """route -> pinned host."""
+        return {route: pin.host for route, pin in self._pins.items()}
+
+    def snapshot(self, route: str | None = None) -> list[Lease]:
+        """Copies of the leases (of `route`, or all), sorted by route, fp, model; pins excluded."""
+        leases = self._index.of_route(route) if route is not None else self._index.all()
+        return sorted(
+            (evolve(lease) for lease in leases),
+            key=lambda lease: (lease.key.route, lease.key.fp, lease.key.model),
+        )
+
+    def count(self, host: str, model: str) -> int:
+        """Leases of every route held on `host` for `model` (O(1))."""
+        return self._index.count(host, model)
+
+    def hosts_with_lease(self, routes: Iterable[str], model: str) -> set[str]:
+        """Hosts where any of `routes` holds a lease for `model` (the chooser's peers rule)."""
+        return self._index.hosts_with_lease(routes, model)
+
+    # -- acquire -----------------------------------------------------------------------------
+
+    async def acquire(self, key: Key, candidates: Sequence[str], now: float) -> Acquired:
+        """The host for a request with lease key `key`; `candidates` are the route's hosts
+        serving the model, in config order. Raises PinnedDown or NoHost."""
+        if not key.model:
+            raise ValueError("a lease key needs a model (fp == model == '' names a pin row)")
+        candidates = tuple(candidates)
+        # Not lease state: a record that the route listed these hosts, whatever comes next.
+        self._seen.setdefault(key.route, set()).update(candidates)
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = DeferredLock()
+        try:
+            await lock.acquire()
+        except CancelledError:
+            self._forget_lock(key, lock)
+            raise
+        try:
+            return await self._acquire(key, candidates, now)
+        finally:
+            lock.release()
+            self._forget_lock(key, lock)
+
+    def _forget_lock(self, key: Key, lock: DeferredLock) -> None:
+        # release() may already have run the next waiter to completion, and it may have
+        # dropped this lock and a newer caller made another: only drop our own, and only idle.
+        if self._locks.get(key) is lock and not lock.locked and not lock.waiting:
+            del self._locks[key]
+
+    async def _acquire(self, key: Key, candidates: tuple[str, ...], now: float) -> Acquired:
+        healthy, draining = self._hosts.healthy, self._hosts.draining
+        lease = self._index.get(key)
+        pin = self.pinned(key.route)
+        # 1. A pin outranks everything, health included. (A pin host that does not serve this
+        # model is not among the candidates; such requests go the ordinary way.)
+        if pin is not None and pin in candidates:
+            if not healthy(pin):
+                raise PinnedDown(key.route, pin)
+            if lease is not None and lease.host == pin:
+                await self._touch(lease, now)
+                return Acquired(pin, reused=True, pinned=True)
+            # A lease elsewhere is one the pin's deletion raced with: it moves to the pin.
+            reason, origin = ("pin", lease.host) if lease is not None else ("new", "")
+            await self._place(key, pin, now, reason, origin)
+            return Acquired(pin, reused=False, pinned=True)
+        # 2. An existing lease on a healthy host decides (draining hosts keep their leases).
+        origin, reason = "", "new"
+        if lease is not None:
+            if lease.host in candidates and healthy(lease.host):
+                await self._touch(lease, now)
+                return Acquired(lease.host, reused=True, pinned=False)
+            # Unhealthy, or no longer a host of the route (config changed): the lease moves.
+            origin = lease.host
+            reason = "unhealthy" if not healthy(lease.host) else "config"
+        # 3. A conversation inherits the route's own lease for the model.
+        if key.fp:
+            parent = self._index.get(Key(key.route, "", key.model))
+            if (
+                parent is not None
+                and parent.host in candidates
+                and healthy(parent.host)
+                and not draining(parent.host)
+            ):
+                await self._place(key, parent.host, now, reason, origin)
+                return Acquired(parent.host, reused=True, pinned=False)
+        # 4. Choose among healthy, non-draining candidates (the host a lease leaves is neither
+        # healthy nor a candidate); none: nothing changes.
+        usable = [h for h in candidates if healthy(h) and not draining(h)]
+        host = self._chooser.choose(usable, key.model, route=key.route) if usable else None
+        if host is None:
+            raise NoHost(key.route, key.model)
+        await self._place(key, host, now, reason, origin)
+        return Acquired(host, reused=False, pinned=False)
+
+    async def _place(self, key: Key, host: str, now: float, reason: str, origin: str) -> None:
+        lease = Lease(key, host, State.ACTIVE, created=now, last_used=now)
+        event = LeaseEvent(now, key.route, key.fp, key.model, origin, host, reason)
+        await self._commit(save=[lease], events=[event])
+
+    async def _touch(self, lease: Lease, now: float) -> None:
+        if now - self._saved_use[lease.key] > self._touch_every:
+            await self._commit(save=[evolve(lease, last_used=max(lease.last_used, now))])
+        else:
+            lease.last_used = max(lease.last_used, now)
+
+    # -- operator and sweep ------------------------------------------------------------------
+
+    async def expire_idle(self, now: float) -> int:
+        """Drop leases unused for longer than `idle` (pins never expire); returns how many."""
+        idle = [lease for lease in self._index.all() if now - lease.last_used > self._idle]
+        await self._drop(idle, now, "idle")
+        return len(idle)
+
+    async def pin(self, route: str, host: str, now: float) -> None:
+        """Send every request of `route` to `host`; the route's leases elsewhere are deleted.
+
+        Raises UnknownHost unless `host` was a candidate of the route (or held one of its
+        leases when the table was loaded)."""
+        if host not in self._seen.get(route, ()):
+            raise UnknownHost(route, host)
+        previous = self.pinned(route)
+        movers = [lease for lease in self._index.of_route(route) if lease.host != host]
+        if previous == host and not movers:
+            return
+        events = [
+            LeaseEvent(now, route, lease.key.fp, lease.key.model, lease.host, host, "pin")
+            for lease in movers
+        ]
+        if previous != host:
+            events.insert(0, LeaseEvent(now, route, "", "", previous or "", host, "pin"))
+        row = Lease(pin_key(route), host, State.PINNED, created=now, last_used=now)
+        await self._commit(save=[row], delete=[lease.key for lease in movers], events=events)
+
+    async def unpin(self, route: str, now: float) -> None:
+        """Remove the route's pin; its leases stay where they are."""
+        host = self.pinned(route)
+        if host is None:
+            return
+        event = LeaseEvent(now, route, "", "", host, "", "release")
+        await self._commit(delete=[pin_key(route)], events=[event])
+
+    async def release(self, route: str, now: float) -> int:
+        """Drop every lease of `route` (not its pin); returns how many."""
+        leases = list(self._index.of_route(route))
+        await self._drop(leases, now, "release")
+        return len(leases)
+
+    async def drop_hosts(self, names: set[str], now: float) -> int:
+        """Forget hosts the config no longer has: drop their leases and pins (reason "config").
+
+        Returns the number of leases dropped, pins not included."""
+        leases = [lease for lease in self._index.all() if lease.host in names]
+        pins = [pin for pin in self._pins.values() if pin.host in names]
+        await self._drop(leases, now, "config", pins=pins)
+        for hosts in self._seen.values():
+            hosts.difference_update(names)
+        return len(leases)
+
+    async def _drop(
+        self, leases: list[Lease], now: float, reason: str, pins: Sequence[Lease] = ()
+    ) -> None:
+        """Delete leases (and pin rows), one `reason` event each."""
+        gone = [*pins, *leases]
+        if gone:
+            events = [
+                LeaseEvent(now, x.key.route, x.key.fp, x.key.model, x.host, "", reason)
+                for x in gone
+            ]
+            await self._commit(delete=[x.key for x in gone], events=events)
+
+    # -- writing -----------------------------------------------------------------------------
+
+    async def _commit(
+        self,
+        save: Sequence[Lease] = (),
+        delete: Sequence[Key] = (),
+        events: Sequence[LeaseEvent] = (),
+    ) -> None:
+        """Write a change, then apply it to memory; a failed write raises and changes nothing.
+
+        Memory is updated from the write's own callback, so a caller cancelled mid-write (a
+        client gone) still leaves memory agreeing with the store; the caller waits for the
+        write to land before it gives up its key lock."""
+        write = ensureDeferred(self._store.apply(save=save, delete=delete, events=events))
+        write.addCallback(self._applied, save, delete)
+        try:
+            await _shielded(write)
+        except CancelledError:
+            await _shielded(write)
+            raise
+
+    def _applied(self, _: object, save: Sequence[Lease], delete: Sequence[Key]) -> None:
+        for key in delete:
+            self._forget(key)
+        for lease in save:
+            self._remember(lease)
+
+    def _remember(self, lease: Lease, copy: bool = True) -> None:
+        if copy:
+            lease = evolve(lease)  # never share an object with the caller or the store
+        key = lease.key
+        if key.fp == "" and key.model == "" and lease.state is State.PINNED:
+            self._pins[key.route] = lease
+        else:
+            self._index.put(lease)
+            self._saved_use[key] = lease.last_used
+
+    def _forget(self, key: Key) -> None:
+        if key == pin_key(key.route):
+            self._pins.pop(key.route, None)
+        self._index.drop(key)
+        self._saved_use.pop(key, None)
+
+
+def _shielded(d: Deferred[Any]) -> Deferred[Any]:
+    """A Deferred with `d`'s result; cancelling it leaves `d` (a store write) running."""
+    out: Deferred[Any] = Deferred()
+
+    def relay(result: object) -> None:
+        if out.called:  # `out` was cancelled: nobody waits for this result any more
+            if isinstance(result, Failure):
+                _log.failure("lease write failed; its caller had gone", result, LogLevel.error)
+        elif isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
+
+    d.addBoth(relay)
+    return out

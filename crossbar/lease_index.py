@@ -1,0 +1,82 @@
+"""The lease table's in-memory index: leases by key, by route, and counted per host and model.
+
+The chooser asks "how many leases does host H hold for model M" for every candidate of every new
+lease, and "which hosts hold a lease of these peer routes"; both are counters kept up to date on
+every put and drop, so neither scans the table.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from crossbar.lease import Key, Lease
+
+
+class LeaseIndex:
+    """Leases by key, with per-route sets and per-(host, model) / per-(route, model) counts."""
+
+    def __init__(self) -> None:
+        self._leases: dict[Key, Lease] = {}
+        self._by_route: dict[str, dict[Key, None]] = {}  # dict as an ordered set
+        self._per_host: Counter[tuple[str, str]] = Counter()  # (host, model) -> leases
+        self._route_hosts: dict[tuple[str, str], Counter[str]] = {}  # (route, model) -> hosts
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def get(self, key: Key) -> Lease | None:
+        return self._leases.get(key)
+
+    def all(self) -> Iterator[Lease]:
+        return iter(list(self._leases.values()))
+
+    def of_route(self, route: str) -> Iterator[Lease]:
+        return (self._leases[key] for key in list(self._by_route.get(route, ())))
+
+    def count(self, host: str, model: str) -> int:
+        return self._per_host.get((host, model), 0)
+
+    def hosts_with_lease(self, routes: Iterable[str], model: str) -> set[str]:
+        hosts: set[str] = set()
+        for route in routes:
+            hosts.update(self._route_hosts.get((route, model), ()))
+        return hosts
+
+    def put(self, lease: Lease) -> None:
+        """Add `lease`, replacing any lease with its key."""
+        key = lease.key
+        self.drop(key)
+        self._leases[key] = lease
+        self._by_route.setdefault(key.route, {})[key] = None
+        self._per_host[(lease.host, key.model)] += 1
+        hosts = self._route_hosts.get((key.route, key.model))
+        if hosts is None:
+            hosts = self._route_hosts[(key.route, key.model)] = Counter()
+        hosts[lease.host] += 1
+
+    def drop(self, key: Key) -> Lease | None:
+        """Remove the lease with `key`, if any, and return it."""
+        lease = self._leases.pop(key, None)
+        if lease is None:
+            return None
+        keys = self._by_route[key.route]
+        del keys[key]
+        if not keys:
+            del self._by_route[key.route]
+        _decrement(self._per_host, (lease.host, key.model))
+        hosts = self._route_hosts[(key.route, key.model)]
+        _decrement(hosts, lease.host)
+        if not hosts:
+            del self._route_hosts[(key.route, key.model)]
+        return lease
+
+
+def _decrement(counter: Counter, item: object) -> None:
+    # Zero entries are deleted so the counters hold only what exists (no slow leak of old
+    # routes and hosts, and `hosts_with_lease` never reports a host with no lease).
+    counter[item] -= 1
+    if counter[item] <= 0:
+        del counter[item]

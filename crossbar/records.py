@@ -1,0 +1,44 @@
+"""Plain records the store keeps and other parts of crossbar write: lease events, usage rows."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+
+@frozen
+class LeaseEvent:
+    """One lease change: a lease born, moved, dropped, or a route pinned/unpinned.
+
+    `from_host`/`to_host` are "" when there is no such host (a new lease has no `from_host`,
+    a dropped one no `to_host`). `reason` is one of new, idle, pin, release, unhealthy, config.
+    """
+
+    at: float
+    route: str
+    fp: str
+    model: str
+    from_host: str
+    to_host: str
+    reason: str
+
+
+@frozen
+class UsageRow:
+    """One request as the proxy saw it: where it went, what it cost, how long it took."""
+
+    at: float
+    route: str
+    fp: str
+    model: str
+    host: str
+    path: str
+    status: int
+    stream: bool
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    queue_ms: float | None = None
+    ttfb_ms: float | None = None
+    duration_ms: float | None = None
+    lease: str = ""  # the X-Crossbar-Lease value: new, reused or pinned
+    error: str = ""  # what went wrong, "" when nothing did

@@ -1,0 +1,153 @@
+"""Fakes and helpers for the lease, chooser and store tests."""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine, Iterable
+from typing import Any
+
+from attrs import define, evolve, field
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, ensureDeferred
+from twisted.python.failure import Failure
+
+from crossbar.chooser import Chooser, Late
+from crossbar.lease import Key, Lease, Table
+from crossbar.records import LeaseEvent
+from crossbar.store import Store, StoreError
+
+
+@define
+class FakeHosts:
+    """Health and draining as two sets of host names (everything else healthy, not draining)."""
+
+    down: set[str] = field(factory=set)
+    drained: set[str] = field(factory=set)
+
+    def healthy(self, name: str) -> bool:
+        return name not in self.down
+
+    def draining(self, name: str) -> bool:
+        return name in self.drained
+
+
+@define
+class MemoryStore:
+    """The table's side of the store, in memory; its methods finish without waiting."""
+
+    rows: dict[Key, Lease] = field(factory=dict)
+    events: list[LeaseEvent] = field(factory=list)
+    fail: bool = False  # every write raises while set
+
+    async def list_leases(self) -> list[Lease]:
+        return [evolve(lease) for lease in self.rows.values()]
+
+    async def apply(
+        self,
+        save: Iterable[Lease] = (),
+        delete: Iterable[Key] = (),
+        events: Iterable[LeaseEvent] = (),
+    ) -> None:
+        if self.fail:
+            raise StoreError("injected write failure")
+        for key in delete:
+            self.rows.pop(key, None)
+        for lease in save:
+            self.rows[lease.key] = evolve(lease)
+        self.events.extend(events)
+
+
+@define
+class FailingStore:
+    """Wraps a store; while `fail` is set, writes raise StoreError and change nothing."""
+
+    inner: Any
+    fail: bool = False
+    writes: int = 0
+
+    async def list_leases(self) -> list[Lease]:
+        return await self.inner.list_leases()
+
+    async def apply(self, save=(), delete=(), events=()) -> None:
+        if self.fail:
+            raise StoreError("injected write failure")
+        self.writes += 1
+        await self.inner.apply(save=save, delete=delete, events=events)
+
+
+@define
+class HeldStore:
+    """Wraps a store; writes that `hold` picks wait until the test lets them go."""
+
+    inner: Any
+    hold: Any = lambda save, delete, events: True
+    held: list[tuple[Deferred, tuple]] = field(factory=list)
+
+    async def list_leases(self) -> list[Lease]:
+        return await self.inner.list_leases()
+
+    async def apply(self, save=(), delete=(), events=()) -> None:
+        change = (list(save), list(delete), list(events))
+        if self.hold(*change):
+            gate: Deferred[None] = Deferred()
+            self.held.append((gate, change))
+            await gate
+        await self.inner.apply(*change)
+
+    def let_go(self) -> None:
+        """Let every held write proceed, oldest first."""
+        while self.held:
+            gate, _ = self.held.pop(0)
+            gate.callback(None)
+
+
+def run_now(coro: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine that never really waits (a MemoryStore behind it) and return its result."""
+    results: list[Any] = []
+    ensureDeferred(coro).addBoth(results.append)
+    assert results, "the coroutine waited for something"
+    if isinstance(results[0], Failure):
+        results[0].raiseException()
+    return results[0]
+
+
+def make_chooser(
+    ref: Late[Table],
+    parallel: dict[str, int] | None = None,
+    free: dict[str, int] | None = None,
+    peers: dict[str, tuple[str, ...]] | None = None,
+) -> Chooser:
+    """The chooser as the service builds it: closures over a table that does not exist yet."""
+    parallel, free, peers = parallel or {}, free or {}, peers or {}
+    return Chooser(
+        load=lambda host, model: ref.get().count(host, model),
+        parallel=lambda host, model: parallel.get(host, 1),
+        free_slots=lambda host, model: free.get(host, 0),
+        peer_hosts=lambda route, model: ref.get().hosts_with_lease(peers.get(route, ()), model),
+    )
+
+
+async def make_table(
+    store: Any,
+    hosts: FakeHosts | None = None,
+    idle: float = 3600.0,
+    **chooser: Any,
+) -> Table:
+    ref: Late[Table] = Late()
+    table = await Table.load(store, hosts or FakeHosts(), make_chooser(ref, **chooser), idle)
+    ref.set(table)
+    return table
+
+
+async def open_store(path: str = ":memory:") -> Store:
+    return await Store.open(path, reactor)
+
+
+async def story(store: Store) -> list[tuple[str, str, str, str, str]]:
+    """The store's lease events, oldest first, as (reason, route, fp, from_host, to_host)."""
+    events = await store.list_events(limit=10_000)
+    return [(e.reason, e.route, e.fp, e.from_host, e.to_host) for e in reversed(events)]
+
+
+def hosts_of(table: Table) -> dict[tuple[str, str, str], str]:
+    """The table's leases as {(route, fp, model): host}."""
+    return {(x.key.route, x.key.fp, x.key.model): x.host for x in table.snapshot()}
