@@ -43,7 +43,7 @@ async def build_app(config: Config, reactor: Any, store: Any = None, http: Any =
         free_slots=limiter.free_slots,
         peer_hosts=peer_hosts,
     )
-    table = await Table.load(store, hosts, chooser, s.lease_idle)
+    table = await Table.load(store, hosts, chooser, s.lease_idle, clock=reactor)
     holder["table"] = table
     app = App(
         config=config,

@@ -15,123 +15,60 @@ to the pin).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
-from attrs import define, evolve, frozen
+from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred, DeferredLock, ensureDeferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
 from crossbar.lease_index import LeaseIndex
+from crossbar.lease_types import (
+    Acquired,
+    HostChooser,
+    HostStates,
+    Key,
+    Lease,
+    LeaseError,
+    LeaseStore,
+    NoHost,
+    PinnedDown,
+    State,
+    UnknownHost,
+    pin_key,
+)
 from crossbar.records import LeaseEvent
 
+__all__ = [
+    "Acquired",
+    "Key",
+    "Lease",
+    "LeaseError",
+    "NoHost",
+    "PinnedDown",
+    "State",
+    "Table",
+    "UnknownHost",
+    "pin_key",
+]
+
 _log = Logger()
-
-
-@frozen(cache_hash=True)  # hashed several times per acquire and per index update
-class Key:
-    """What a lease is for: a conversation (`fp`) of a route, for one model."""
-
-    route: str
-    fp: str
-    model: str
-
-
-class State(enum.Enum):
-    """A row's state; the values are what the store keeps."""
-
-    ACTIVE = "active"
-    PINNED = "pinned"
-
-
-@define
-class Lease:
-    """`key -> host`, with when it was made and last used (seconds, from the injected clock)."""
-
-    key: Key
-    host: str
-    state: State
-    created: float
-    last_used: float
-
-
-@frozen
-class Acquired:
-    """The answer to an acquire: `reused` when an existing lease decided the host (its own or
-    the route lease it inherits), `pinned` for every request of a pinned route."""
-
-    host: str
-    reused: bool
-    pinned: bool
-
-
-class LeaseError(Exception):
-    """A lease could not be had."""
-
-
-class NoHost(LeaseError):
-    """No candidate is healthy and not draining."""
-
-    def __init__(self, route: str, model: str) -> None:
-        super().__init__(
-            f"no usable host for route {route!r}, model {model!r}: "
-            "every candidate is unhealthy or draining"
-        )
-        self.route, self.model = route, model
-
-
-class PinnedDown(LeaseError):
-    """The route is pinned to a host that is not healthy; a pin is never silently overridden."""
-
-    def __init__(self, route: str, host: str) -> None:
-        super().__init__(f"route {route!r} is pinned to host {host!r}, which is not healthy")
-        self.route, self.host = route, host
-
-
-class UnknownHost(LeaseError):
-    """A pin to a host that was never a candidate of the route."""
-
-    def __init__(self, route: str, host: str) -> None:
-        super().__init__(f"host {host!r} is not one of the hosts of route {route!r}")
-        self.route, self.host = route, host
-
-
-class LeaseStore(Protocol):
-    """What the table needs of `crossbar.store.Store`."""
-
-    async def list_leases(self) -> list[Lease]: ...
-
-    async def apply(
-        self,
-        save: Iterable[Lease] = (),
-        delete: Iterable[Key] = (),
-        events: Iterable[LeaseEvent] = (),
-    ) -> None: ...
-
-
-class HostStates(Protocol):
-    def healthy(self, name: str) -> bool: ...
-
-    def draining(self, name: str) -> bool: ...
-
-
-class HostChooser(Protocol):
-    def choose(self, candidates: Sequence[str], model: str, route: str = "") -> str | None: ...
-
-
-def pin_key(route: str) -> Key:
-    """The key of a route's pin row: fp and model empty."""
-    return Key(route, "", "")
 
 
 class Table:
     """The lease table. Build it with `await Table.load(...)`."""
 
     def __init__(
-        self, store: LeaseStore, hosts: HostStates, chooser: HostChooser, idle: float
+        self,
+        store: LeaseStore,
+        hosts: HostStates,
+        chooser: HostChooser,
+        idle: float,
+        clock: IReactorTime | None = None,
     ) -> None:
+        self._clock = clock  # only for calls that are not given `now`
         self._store = store
         self._hosts = hosts
         self._chooser = chooser
@@ -148,10 +85,15 @@ class Table:
 
     @classmethod
     async def load(
-        cls, store: LeaseStore, hosts: HostStates, chooser: HostChooser, idle: float
+        cls,
+        store: LeaseStore,
+        hosts: HostStates,
+        chooser: HostChooser,
+        idle: float,
+        clock: IReactorTime | None = None,
     ) -> Table:
         """A table holding the store's leases and pins (rows with fp == model == "", PINNED)."""
-        table = cls(store, hosts, chooser, idle)
+        table = cls(store, hosts, chooser, idle, clock)
         for lease in await store.list_leases():
             table._remember(lease, copy=False)  # fresh objects, nobody else holds them
             table._seen.setdefault(lease.key.route, set()).add(lease.host)
@@ -297,16 +239,30 @@ class Table:
         row = Lease(pin_key(route), host, State.PINNED, created=now, last_used=now)
         await self._commit(save=[row], delete=[lease.key for lease in movers], events=events)
 
-    async def unpin(self, route: str, now: float) -> None:
+    def _now(self, now: float | None) -> float:
+        if now is not None:
+            return now
+        if self._clock is None:
+            raise ValueError("give `now`, or load the table with a clock")
+        return self._clock.seconds()
+
+    def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
+        """The config names these hosts for `route`: a pin to one of them is allowed even
+        before any request of the route was seen."""
+        self._seen.setdefault(route, set()).update(hosts)
+
+    async def unpin(self, route: str, now: float | None = None) -> None:
         """Remove the route's pin; its leases stay where they are."""
+        now = self._now(now)
         host = self.pinned(route)
         if host is None:
             return
         event = LeaseEvent(now, route, "", "", host, "", "release")
         await self._commit(delete=[pin_key(route)], events=[event])
 
-    async def release(self, route: str, now: float) -> int:
+    async def release(self, route: str, now: float | None = None) -> int:
         """Drop every lease of `route` (not its pin); returns how many."""
+        now = self._now(now)
         leases = list(self._index.of_route(route))
         await self._drop(leases, now, "release")
         return len(leases)

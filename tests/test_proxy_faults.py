@@ -37,7 +37,7 @@ async def test_a_pinned_route_whose_host_is_down_gets_503_naming_the_host():
     fakes = await start_fakes("titan", "atlas")
     crossbar = await start_crossbar(fakes, TWO)
     try:
-        await crossbar.app.table.pin("convo", "titan", crossbar.app.clock.seconds())
+        await crossbar.app.pin("convo", "titan")
         fakes["titan"].faults.refuse = True
         await fakes["titan"].settle()
         history = [{"role": "user", "content": "Pinned."}]

@@ -1,0 +1,107 @@
+"""The lease table's values, errors and the seams it is built on (SPEC §5)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+from attrs import define, frozen
+
+from crossbar.records import LeaseEvent
+
+
+@frozen(cache_hash=True)  # hashed several times per acquire and per index update
+class Key:
+    """What a lease is for: a conversation (`fp`) of a route, for one model."""
+
+    route: str
+    fp: str
+    model: str
+
+
+class State(enum.Enum):
+    """A row's state; the values are what the store keeps."""
+
+    ACTIVE = "active"
+    PINNED = "pinned"
+
+
+@define
+class Lease:
+    """`key -> host`, with when it was made and last used (seconds, from the injected clock)."""
+
+    key: Key
+    host: str
+    state: State
+    created: float
+    last_used: float
+
+
+@frozen
+class Acquired:
+    """The answer to an acquire: `reused` when an existing lease decided the host (its own or
+    the route lease it inherits), `pinned` for every request of a pinned route."""
+
+    host: str
+    reused: bool
+    pinned: bool
+
+
+class LeaseError(Exception):
+    """A lease could not be had."""
+
+
+class NoHost(LeaseError):
+    """No candidate is healthy and not draining."""
+
+    def __init__(self, route: str, model: str) -> None:
+        super().__init__(
+            f"no usable host for route {route!r}, model {model!r}: "
+            "every candidate is unhealthy or draining"
+        )
+        self.route, self.model = route, model
+
+
+class PinnedDown(LeaseError):
+    """The route is pinned to a host that is not healthy; a pin is never silently overridden."""
+
+    def __init__(self, route: str, host: str) -> None:
+        super().__init__(f"route {route!r} is pinned to host {host!r}, which is not healthy")
+        self.route, self.host = route, host
+
+
+class UnknownHost(LeaseError):
+    """A pin to a host that was never a candidate of the route."""
+
+    def __init__(self, route: str, host: str) -> None:
+        super().__init__(f"host {host!r} is not one of the hosts of route {route!r}")
+        self.route, self.host = route, host
+
+
+class LeaseStore(Protocol):
+    """What the table needs of `crossbar.store.Store`."""
+
+    async def list_leases(self) -> list[Lease]: ...
+
+    async def apply(
+        self,
+        save: Iterable[Lease] = (),
+        delete: Iterable[Key] = (),
+        events: Iterable[LeaseEvent] = (),
+    ) -> None: ...
+
+
+class HostStates(Protocol):
+    def healthy(self, name: str) -> bool: ...
+
+    def draining(self, name: str) -> bool: ...
+
+
+class HostChooser(Protocol):
+    def choose(self, candidates: Sequence[str], model: str, route: str = "") -> str | None: ...
+
+
+def pin_key(route: str) -> Key:
+    """The key of a route's pin row: fp and model empty."""
+    return Key(route, "", "")
