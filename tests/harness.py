@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from treq.client import HTTPClient
 from attrs import define, field
+from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.web.client import Agent, HTTPConnectionPool

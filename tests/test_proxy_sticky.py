@@ -68,7 +68,7 @@ async def test_a_usage_row_records_tokens_lease_and_timings():
     crossbar.app.observers.append(rows.append)
     try:
         history = [{"role": "user", "content": "Count my tokens please."}]
-        response, reply = await wait(crossbar.chat("convo", history))
+        _, reply = await wait(crossbar.chat("convo", history))
         await wait(crossbar.chat("convo", turn(history, reply, "again")))
         first, second = rows
         assert (first.route, first.model, first.host, first.path) == (

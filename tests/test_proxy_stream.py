@@ -8,8 +8,8 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
-from twisted.web.resource import Resource
 from twisted.web.client import ResponseDone
+from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
 from tests.harness import MODEL, start_crossbar, start_fakes, wait
