@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from twisted.web.client import readBody
+import treq
 from twisted.web.http_headers import Headers
 
 from crossbar.ids import Origin
@@ -55,7 +55,7 @@ async def exact_count(app: Any, host: str, path: str, body: Any) -> int | None:
         response = await app.upstream.send(
             b"POST", (config.url + count_path).encode(), headers, json.dumps(payload).encode()
         )
-        data = json.loads(await readBody(response))
+        data = json.loads(await treq.content(response))
     except Exception:
         return None  # the host will refuse an oversized prompt itself
     if response.code != 200 or not isinstance(data, dict):
