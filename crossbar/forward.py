@@ -219,7 +219,8 @@ class Relay(Protocol):
 
     def connectionLost(self, reason: Failure = client.ResponseDone) -> None:
         self._disarm()
-        self._request.unregisterProducer()
+        if self._request.channel is not None:  # None once the client connection is gone
+            self._request.unregisterProducer()
         self.reason = reason
         if not self.done.called:
             self.done.callback(None)

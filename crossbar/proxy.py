@@ -65,34 +65,48 @@ class ProxyResource(Resource):
     def __init__(self, app: App) -> None:
         super().__init__()
         self.app = app
-        self.active: set[Any] = set()
+        self.active: dict[Any, Deferred[None]] = {}  # request -> its handling, until accounted
 
     def render(self, request: Any) -> Any:
         ex = Exchange(started=self.app.clock.seconds())
-        d = Deferred.fromCoroutine(self._serve(request, ex))
-        self.active.add(request)
+        # Asked for before serving: a request answered at once never fires a later notice.
         finished = request.notifyFinish()
+        d = Deferred.fromCoroutine(self._serve(request, ex))
         finished.addErrback(lambda _: d.cancel())
-        finished.addBoth(lambda _: self.active.discard(request))
         d.addErrback(self._crashed, request)
+        if not d.called:
+            self.active[request] = d
+
+            def settled(result: object) -> object:
+                self.active.pop(request, None)
+                return result
+
+            d.addBoth(settled)
         return NOT_DONE_YET
 
     async def drain(self, grace: float) -> int:
-        """Wait up to `grace` seconds for running requests to finish; abort the rest.
-
-        Returns how many were aborted."""
-        waiting = [r.notifyFinish() for r in list(self.active)]
-        if waiting:
-            all_done = DeferredList(waiting, consumeErrors=True)
-            all_done.addTimeout(grace, self.app.clock)
-            try:
-                await all_done
-            except GraceOver:
-                pass
+        """Wait up to `grace` seconds for running requests to finish; abort the rest and wait
+        for their usage rows. Returns how many were aborted."""
+        if await self._settle(grace):
+            return 0
         left = list(self.active)
         for request in left:
-            request.channel.transport.abortConnection()
+            if request.channel is not None:
+                request.channel.transport.abortConnection()
+        await self._settle(5.0)
         return len(left)
+
+    async def _settle(self, seconds: float) -> bool:
+        """True when every request in hand finished within `seconds`."""
+        if not self.active:
+            return True
+        everything = DeferredList(list(self.active.values()), consumeErrors=True)
+        everything.addTimeout(seconds, self.app.clock)
+        try:
+            await everything
+        except GraceOver:
+            return False
+        return True
 
     async def _serve(self, request: Any, ex: Exchange) -> None:
         try:
@@ -113,6 +127,8 @@ class ProxyResource(Resource):
 
     def _crashed(self, failure: Failure, request: Any) -> None:
         # Last resort: _serve handles its own errors, so only a bug in that handling gets here.
+        if failure.check(CancelledError):
+            return
         log.failure("request failed inside crossbar", failure)
         answer_error(request, _INTERNAL)
 

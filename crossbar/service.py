@@ -20,6 +20,15 @@ from crossbar.site import ProxySite
 log = Logger(namespace="crossbar")
 
 
+def make_service(config: Config, reactor: Any = None, admin_factory: Any = None) -> CrossbarService:
+    """crossbar's service for `config` on `reactor` (the global one by default)."""
+    if reactor is None:
+        from twisted.internet import reactor as default
+
+        reactor = default
+    return CrossbarService(config, reactor, admin_factory=admin_factory)
+
+
 class CrossbarService(MultiService):
     """Builds the app, probes every host once, then opens the proxy (and admin) ports.
 
@@ -53,8 +62,7 @@ class CrossbarService(MultiService):
         self.app = app = await build_app(config, self.reactor)
         # Hosts start healthy; one round of probes (bounded by health_timeout) comes first so a
         # host that is down is known before the first client arrives. Leases are already loaded.
-        await app.hosts.probe_all()
-        app.hosts.start()
+        await app.hosts.start()
         self._sweep.start(config.server.sweep_interval, now=False)
         self.proxy = ProxyResource(app)
         self.site = ProxySite(self.proxy, max_body=config.server.max_body, reactor=self.reactor)
@@ -169,7 +177,7 @@ class CrossbarService(MultiService):
         app = self.app
         if app is None:
             return
-        app.hosts.stop()
+        await app.hosts.stop()
         if self.proxy is not None:
             await self.proxy.drain(self.config.server.shutdown_grace)
         await app.upstream.close()

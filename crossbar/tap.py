@@ -55,9 +55,7 @@ def check_store(path: str) -> str | None:
 
 def makeService(options: Options) -> IService:
     """Load and validate the config and the store path, then build crossbar's service."""
-    from twisted.internet import reactor
-
-    from crossbar.service import CrossbarService
+    from crossbar.service import make_service
 
     config: Config | None = None
     try:
@@ -72,4 +70,4 @@ def makeService(options: Options) -> IService:
         from crossbar.admin import admin_site
     except ImportError:  # the admin API lands with its own issue
         admin_site = None
-    return CrossbarService(config, reactor, admin_factory=admin_site)
+    return make_service(config, admin_factory=admin_site)

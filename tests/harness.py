@@ -67,7 +67,7 @@ class Crossbar:
             await pool.closeCachedConnections()
         await self.port.stopListening()
         await self.app.upstream.close()
-        self.app.hosts.stop()
+        await self.app.hosts.stop()
         await self.app.store.close()
         for fake in self.fakes.values():
             await fake.stop()
