@@ -69,9 +69,12 @@ class ProxyResource(Resource):
 
     def render(self, request: Any) -> Any:
         ex = Exchange(started=self.app.clock.seconds())
-        d = Deferred.fromCoroutine(self._serve(request, ex))
+        # Ask for the finish notice before serving: a request answered before the coroutine's
+        # first wait (health, models, most errors) is finished when fromCoroutine returns, and
+        # notifyFinish() on a finished request never fires.
         self.active.add(request)
         finished = request.notifyFinish()
+        d = Deferred.fromCoroutine(self._serve(request, ex))
         finished.addErrback(lambda _: d.cancel())
         finished.addBoth(lambda _: self.active.discard(request))
         d.addErrback(self._crashed, request)
