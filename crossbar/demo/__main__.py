@@ -77,28 +77,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+# What a wrong or missing answer from crossbar raises in the driver: a failed check, not a bug.
+FAILURES = (DemoError, OSError, ValueError, LookupError, TypeError)
+
+
 def smoke(args: argparse.Namespace) -> int:
     """The demo on free ports with a temporary db; every wrong answer fails; all stopped."""
     plan = read_plan(args.config, args.route)
     work = Path(tempfile.mkdtemp(prefix="crossbar-smoke-"))
-    processes = Processes(work, record_pids=False)
-    problems: list[str] = []
     try:
-        urls = start_fakes(processes, plan, Knobs(), any_port=True)
-        listen, admin = free_ports(2)
-        config = work / "smoke.toml"
-        config.write_text(rewrite(plan, urls, listen, admin, str(work / "crossbar.db")))
-        plan = read_plan(config, args.route)
-        wait_ready(plan, start_crossbar(processes, config))
-        say(f"smoke: crossbar at {plan.base} in front of {', '.join(urls.values())}")
-        turns = drive(plan, conversations(), say)
-        problems = check_turns(turns) + check_endpoints(plan)
-    except DemoError as e:
-        problems = [str(e)]
-    finally:
-        processes.stop()
-        left = [p for p in processes.started if p.running()]
-        problems += [f"{p.name} (pid {p.pid}) is still running after the stop" for p in left]
+        problems = _smoke_in(work, plan, args.route)
+    except BaseException:  # interrupted: nothing worth keeping
+        shutil.rmtree(work, ignore_errors=True)
+        raise
     if problems:
         for problem in problems:
             say(f"smoke FAILED: {problem}")
@@ -107,6 +98,30 @@ def smoke(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     say("smoke: ok (sticky hosts, cache hits from turn 2, models, 404 for an unknown route)")
     return 0
+
+
+def _smoke_in(work: Path, plan: Plan, route: str) -> list[str]:
+    """Run the smoke with its files in `work`; the problems found. Everything started is
+    stopped before this returns or raises."""
+    processes = Processes(work, record_pids=False)
+    problems: list[str] = []
+    try:
+        urls = start_fakes(processes, plan, Knobs(), any_port=True)
+        listen, admin = free_ports(2)
+        config = work / "smoke.toml"
+        config.write_text(rewrite(plan, urls, listen, admin, str(work / "crossbar.db")))
+        plan = read_plan(config, route)
+        wait_ready(plan, start_crossbar(processes, config))
+        say(f"smoke: crossbar at {plan.base} in front of {', '.join(urls.values())}")
+        turns = drive(plan, conversations(), say)
+        problems = check_turns(turns) + check_endpoints(plan)
+    except FAILURES as e:
+        problems = [str(e) if isinstance(e, DemoError) else f"{type(e).__name__}: {e}"]
+    finally:
+        processes.stop()
+        left = [p for p in processes.started if p.running()]
+        problems += [f"{p.name} (pid {p.pid}) is still running after the stop" for p in left]
+    return problems
 
 
 def stop_command(args: argparse.Namespace) -> int:
@@ -140,8 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     commands = {"run": run, "smoke": smoke, "stop": stop_command}
     try:
         return commands[args.command](args)
-    except DemoError as e:
-        print(f"demo: {e}", file=sys.stderr)
+    except FAILURES as e:
+        what = str(e) if isinstance(e, DemoError) else f"{type(e).__name__}: {e}"
+        print(f"demo: {what}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("demo: interrupted; what it started is stopped", file=sys.stderr)
