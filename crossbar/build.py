@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from crossbar.app import App
-from crossbar.chooser import Chooser
+from crossbar.chooser import Chooser, Late
 from crossbar.config import Config
 from crossbar.forward import Upstream
 from crossbar.guard import ContextGuard
@@ -29,22 +29,23 @@ async def build_app(config: Config, reactor: Any, store: Any = None, http: Any =
     await hosts.load_draining()
     limiter = Limiter(reactor, hosts.parallel, s.queue_max, s.queue_timeout)
     hosts.add_listener(limiter.resized)
-    holder: dict[str, Any] = {}
+    table_ref: Late[Table] = Late()
+    app_ref: Late[App] = Late()
 
     def peer_hosts(route: str, model: str) -> set[str]:
-        resolved = holder["app"].config.route(route)
+        resolved = app_ref.get().config.route(route)  # the current config: reloads change peers
         if resolved is None or not resolved.peers:
             return set()
-        return holder["table"].hosts_with_lease(resolved.peers, model)
+        return table_ref.get().hosts_with_lease(resolved.peers, model)
 
     chooser = Chooser(
-        load=lambda host, model: holder["table"].count(host, model),
+        load=lambda host, model: table_ref.get().count(host, model),
         parallel=hosts.parallel,
         free_slots=limiter.free_slots,
         peer_hosts=peer_hosts,
     )
     table = await Table.load(store, hosts, chooser, s.lease_idle, clock=reactor)
-    holder["table"] = table
+    table_ref.set(table)
     app = App(
         config=config,
         clock=reactor,
@@ -56,5 +57,5 @@ async def build_app(config: Config, reactor: Any, store: Any = None, http: Any =
         ids=IdMemory(size=s.remember_ids, ttl=s.lease_idle),
         guard=ContextGuard(),
     )
-    holder["app"] = app
+    app_ref.set(app)
     return app

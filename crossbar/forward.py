@@ -17,7 +17,7 @@ from twisted.web._newclient import (
     RequestTransmissionFailed,
     ResponseNeverReceived,
 )
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, _HTTP11ClientFactory
 from twisted.web.http import PotentialDataLoss
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IResponse
@@ -92,6 +92,11 @@ def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
     return None
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    # One "Starting factory" log line per upstream connection is noise, not news.
+    noisy = False
+
+
 class _TrackingPool(HTTPConnectionPool):
     """Remembers whether the last connection handed out was a cached (reused) one.
 
@@ -100,6 +105,7 @@ class _TrackingPool(HTTPConnectionPool):
     """
 
     last_reused = False
+    _factory = _QuietFactory
 
     def getConnection(self, key: Any, endpoint: Any) -> Deferred:
         self.last_reused = any(c.state == "QUIESCENT" for c in self._connections.get(key, ()))
@@ -139,9 +145,14 @@ class Upstream:
         self.pool = _TrackingPool(reactor, persistent=True)
         self.pool.maxPersistentPerHost = per_host
         self.pool.retryAutomatically = False  # crossbar decides about retries itself
-        self._agent = Agent(reactor, connectTimeout=connect_timeout, pool=self.pool)
         self._fresh_pool = HTTPConnectionPool(reactor, persistent=False)
-        self._fresh = Agent(reactor, connectTimeout=connect_timeout, pool=self._fresh_pool)
+        self._fresh_pool._factory = _QuietFactory
+        self.set_connect_timeout(connect_timeout)
+
+    def set_connect_timeout(self, seconds: float) -> None:
+        """(Re)build the agents over the same pools: a reload keeps pooled connections."""
+        self._agent = Agent(self._reactor, connectTimeout=seconds, pool=self.pool)
+        self._fresh = Agent(self._reactor, connectTimeout=seconds, pool=self._fresh_pool)
 
     async def send(
         self, method: bytes, url: bytes, headers: Headers, body: bytes | None, fresh: bool = False

@@ -246,6 +246,11 @@ class Table:
             raise ValueError("give `now`, or load the table with a clock")
         return self._clock.seconds()
 
+    def set_idle(self, idle: float) -> None:
+        """A reload changed `lease_idle`: expiry uses the new value from now on."""
+        self._idle = idle
+        self._touch_every = min(60.0, idle / 100)
+
     def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
         """The config names these hosts for `route`: a pin to one of them is allowed even
         before any request of the route was seen."""

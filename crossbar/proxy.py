@@ -163,7 +163,12 @@ class ProxyResource(Resource):
         if origin is not None and origin.fp:
             ex.fp = origin.fp  # a Responses chain is the conversation of its first response
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
-        origin_host = origin.host if origin is not None and origin.host in candidates else None
+        # A control call acts on one running completion: it goes where that completion runs,
+        # pinned route or not. A Responses chain only takes its conversation's lease (so a pin
+        # still wins, as it does for every turn of a conversation).
+        origin_host = None
+        if origin is not None and kind is Kind.CONTROL and origin.host in candidates:
+            origin_host = origin.host
         call = Call(request, kind, method, target, body, raw, key, candidates, origin_host)
         await self._forward(call, ex)
 
@@ -171,7 +176,8 @@ class ProxyResource(Resource):
         """The host for this call: a named completion's own host, else the lease's."""
         app = self.app
         if call.origin_host is not None and app.hosts.healthy(call.origin_host):
-            return Acquired(call.origin_host, reused=True, pinned=False)
+            pinned = app.table.pinned(call.key.route) is not None
+            return Acquired(call.origin_host, reused=True, pinned=pinned)
         route = call.target.route
         try:
             return await app.table.acquire(call.key, call.candidates, app.clock.seconds())

@@ -14,6 +14,7 @@ from twisted.logger import Logger
 from crossbar.app import App
 from crossbar.build import build_app
 from crossbar.config import Config, ConfigError, load_config
+from crossbar.logs import log_request
 from crossbar.proxy import ProxyResource
 from crossbar.site import ProxySite
 
@@ -60,6 +61,7 @@ class CrossbarService(MultiService):
     async def _start(self) -> None:
         config = self.config
         self.app = app = await build_app(config, self.reactor)
+        app.observers.append(log_request)
         # Hosts start healthy; one round of probes (bounded by health_timeout) comes first so a
         # host that is down is known before the first client arrives. Leases are already loaded.
         await app.hosts.start()
@@ -145,8 +147,15 @@ class CrossbarService(MultiService):
         removed = set(old.hosts) - set(new.hosts)
         self.config = app.config = new
         app.hosts.reconfigure(new)
-        app.limiter.configure(new.server.queue_max, new.server.queue_timeout)
-        app.upstream.idle_timeout = new.server.upstream_idle_timeout
+        s = new.server
+        app.limiter.configure(s.queue_max, s.queue_timeout)
+        app.upstream.idle_timeout = s.upstream_idle_timeout
+        app.upstream.set_connect_timeout(s.upstream_connect_timeout)
+        app.table.set_idle(s.lease_idle)
+        app.ids.size, app.ids.ttl = s.remember_ids, s.lease_idle
+        if self._sweep.running and s.sweep_interval != old.server.sweep_interval:
+            self._sweep.stop()
+            self._sweep.start(s.sweep_interval, now=False)
         if self.site is not None:
             self.site.max_body = new.server.max_body
         if removed:
