@@ -14,6 +14,7 @@ from twisted.logger import Logger
 from crossbar.app import App
 from crossbar.build import build_app
 from crossbar.config import Config, ConfigError, load_config
+from crossbar.metrics import Metrics
 from crossbar.proxy import ProxyResource
 from crossbar.site import ProxySite
 
@@ -33,6 +34,7 @@ class CrossbarService(MultiService):
         self.reactor = reactor
         self.admin_factory = admin_factory
         self.app: App | None = None
+        self.metrics: Metrics | None = None
         self.proxy: ProxyResource | None = None
         self.site: ProxySite | None = None
         self.proxy_port: Any = None
@@ -51,6 +53,7 @@ class CrossbarService(MultiService):
     async def _start(self) -> None:
         config = self.config
         self.app = app = await build_app(config, self.reactor)
+        self.metrics = Metrics(app).attach()  # before any traffic: /metrics misses nothing
         # Hosts start healthy; one round of probes (bounded by health_timeout) comes first so a
         # host that is down is known before the first client arrives. Leases are already loaded.
         await app.hosts.probe_all()
