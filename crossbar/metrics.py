@@ -144,7 +144,10 @@ class _Live:
 
     def collect(self) -> Iterator[Metric]:
         app = self._metrics.app
-        slots = app.limiter.snapshot()
+        limiter = app.limiter
+        counted = {(s.host, s.model): s for s in limiter.snapshot()}
+        configured = [(n, m) for n, h in app.config.hosts.items() for m in h.model_names]
+        pairs = configured + sorted(counted.keys() - set(configured))  # + hosts just removed
         pair = ["host", "model"]
         in_flight = GaugeMetricFamily(
             "crossbar_in_flight", "Requests being served, per host and model.", labels=pair
@@ -161,13 +164,14 @@ class _Live:
         timed_out = CounterMetricFamily(
             "crossbar_queue_timeouts", "Requests that waited queue_timeout in vain.", labels=pair
         )
-        for s in slots:
-            labels = [s.host, s.model]
-            in_flight.add_metric(labels, s.in_flight)
-            queued.add_metric(labels, s.queued)
-            parallel.add_metric(labels, s.parallel)
-            refused.add_metric(labels, s.refused)
-            timed_out.add_metric(labels, s.timed_out)
+        for host, model in pairs:
+            labels = [host, model]
+            in_flight.add_metric(labels, limiter.in_flight(host, model))
+            queued.add_metric(labels, limiter.queued(host, model))
+            parallel.add_metric(labels, app.hosts.parallel(host, model))
+            s = counted.get((host, model))
+            refused.add_metric(labels, s.refused if s else 0)
+            timed_out.add_metric(labels, s.timed_out if s else 0)
         yield from (in_flight, queued, parallel, refused, timed_out)
         yield from self._hosts(app)
         ratio = GaugeMetricFamily(
