@@ -71,6 +71,11 @@ class Running:
         return self.service.app
 
     @property
+    def path(self) -> Path:
+        """The config file the service reloads from."""
+        return Path(self.service.config.path)
+
+    @property
     def admin_url(self) -> str:
         return f"http://127.0.0.1:{self.service.admin_port.getHost().port}"
 
