@@ -71,8 +71,9 @@ def _json(request: Any, status: int, payload: Any) -> bytes:
 
 
 def _arg(request: Any, name: str) -> str | None:
+    """A query argument; None when it is missing or empty (`?route=` filters nothing)."""
     values = request.args.get(name.encode())
-    return values[0].decode("utf-8", "replace") if values else None
+    return values[0].decode("utf-8", "replace") or None if values else None
 
 
 def _body(request: Any) -> dict[str, Any]:
@@ -101,12 +102,15 @@ class Admin:
         return self.service.app
 
     def now(self) -> float:
+        """The app clock's time (seconds since the epoch)."""
         return self.crossbar.clock.seconds()
 
     def authorize(self, request: Any) -> None:
+        """Raise a 401/403 ClientError unless the caller may use the API."""
         admin_auth.check(request, self.crossbar.config.server.admin_token)
 
     def resource(self) -> Any:
+        """The Klein resource to serve."""
         return self.app.resource()
 
     # -- leases and routes
@@ -114,6 +118,7 @@ class Admin:
     @app.route("/api/leases", methods=["GET"])
     @api
     async def leases(self, request: Any) -> dict[str, Any]:
+        """GET /api/leases?route=: the lease snapshot (pins excluded)."""
         now = self.now()
         leases = self.crossbar.table.snapshot(route=_arg(request, "route"))
         return {"leases": [lease_row(lease, now) for lease in leases]}
@@ -121,12 +126,14 @@ class Admin:
     @app.route("/api/routes", methods=["GET"])
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
+        """GET /api/routes: configured and seen routes, pins, lease counts."""
         usage = await self.crossbar.store.usage_totals("route")
         return {"routes": route_rows(self.crossbar, usage)}
 
     @app.route("/api/routes/<route>/leases", methods=["DELETE"])
     @api
     async def release(self, request: Any, route: str) -> dict[str, Any]:
+        """DELETE /api/routes/<route>/leases: drop the route's leases."""
         self._known_route(route)
         released = await self.crossbar.table.release(route, self.now())
         log.info("admin: released {n} leases of route {route}", n=released, route=route)
@@ -135,6 +142,7 @@ class Admin:
     @app.route("/api/routes/<route>/pin", methods=["PUT"])
     @api
     async def pin(self, request: Any, route: str) -> dict[str, Any]:
+        """PUT /api/routes/<route>/pin {"host": h}: pin to one of the route's hosts."""
         host = _body(request).get("host")
         if not isinstance(host, str) or not host:
             raise bad_request('give the host to pin to as {"host": "<name>"}')
@@ -157,6 +165,7 @@ class Admin:
     @app.route("/api/routes/<route>/pin", methods=["DELETE"])
     @api
     async def unpin(self, request: Any, route: str) -> dict[str, Any]:
+        """DELETE /api/routes/<route>/pin: remove the pin; the leases stay."""
         self._known_route(route)
         table = self.crossbar.table
         previous = table.pinned(route)
@@ -166,6 +175,7 @@ class Admin:
         return {"route": route, "unpinned": previous}
 
     def _known_route(self, route: str) -> None:
+        """404 unless the config serves `route` or it still holds leases or a pin."""
         app = self.crossbar
         table = app.table
         if (
@@ -180,11 +190,13 @@ class Admin:
     @app.route("/api/hosts", methods=["GET"])
     @api
     async def hosts(self, request: Any) -> dict[str, Any]:
+        """GET /api/hosts: health, draining, and slots per model."""
         return {"hosts": host_rows(self.crossbar)}
 
     @app.route("/api/hosts/<name>/drain", methods=["POST", "DELETE"])
     @api
     async def drain(self, request: Any, name: str) -> dict[str, Any]:
+        """POST (drain) or DELETE (undrain) /api/hosts/<name>/drain."""
         hosts = self.crossbar.hosts
         try:
             if request.method == b"POST":
@@ -200,6 +212,7 @@ class Admin:
     @app.route("/api/events", methods=["GET"])
     @api
     async def events(self, request: Any) -> dict[str, Any]:
+        """GET /api/events?route=&since=&limit=: lease events, newest first."""
         since = since_arg(_arg(request, "since"), self.now())
         text = _arg(request, "limit") or "100"
         try:
@@ -216,6 +229,7 @@ class Admin:
     @app.route("/api/usage", methods=["GET"])
     @api
     async def usage(self, request: Any) -> dict[str, Any]:
+        """GET /api/usage?by=&since=: totals per route, host or model."""
         by = _arg(request, "by") or "route"
         if by not in USAGE_GROUPS:
             raise bad_request(f"by: must be one of {', '.join(USAGE_GROUPS)}, not {by!r}")
@@ -229,6 +243,7 @@ class Admin:
     @app.route("/api/usage/series", methods=["GET"])
     @api
     async def usage_series(self, request: Any) -> dict[str, Any]:
+        """GET /api/usage/series?since=&bucket=: tokens per bucket and route (the chart)."""
         since, bucket = usage_series_args(
             _arg(request, "since"), _arg(request, "bucket"), self.now()
         )
@@ -240,6 +255,7 @@ class Admin:
     @app.route("/api/reload", methods=["POST"])
     @api
     async def reload(self, request: Any) -> dict[str, Any]:
+        """POST /api/reload: read the config file again; a bad one is refused (400)."""
         try:
             notes = await self.service.reload()
         except ConfigError as e:
@@ -248,6 +264,7 @@ class Admin:
 
     @app.route("/metrics", methods=["GET"])
     async def metrics(self, request: Any) -> bytes:
+        """GET /metrics: Prometheus text, behind the same auth as the API."""
         self.authorize(request)
         metrics = getattr(self.service, "metrics", None)
         if metrics is None:
@@ -257,6 +274,7 @@ class Admin:
 
     @app.route("/", methods=["GET"])
     async def dashboard(self, request: Any) -> bytes:
+        """GET /: the dashboard page (package data, no external assets)."""
         # The page holds no data (it fetches the API with the token it is given), so with a
         # token set anyone may load it; without one, the loopback rule applies as to the API.
         if not self.crossbar.config.server.admin_token:
@@ -316,6 +334,7 @@ class Admin:
         return self._answer(request, _INTERNAL)
 
     def _answer(self, request: Any, error: ClientError) -> bytes:
+        """Write `error` as crossbar's JSON error body."""
         request.setResponseCode(error.status)
         request.setHeader(b"Content-Type", b"application/json")
         for name, value in error.headers.items():

@@ -23,10 +23,12 @@ _SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 
 
 def unauthorized(message: str) -> ClientError:
+    """401, asking for a bearer token."""
     return ClientError(401, "authentication_error", message, headers={"WWW-Authenticate": "Bearer"})
 
 
 def forbidden(message: str) -> ClientError:
+    """403: this caller may not use the admin API whatever it sends."""
     return ClientError(403, "permission_error", message)
 
 

@@ -121,6 +121,7 @@ def ago(seconds: float) -> str:
 
 
 def when(at: float) -> str:
+    """Seconds since the epoch as local time."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 

@@ -143,6 +143,7 @@ class _Live:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
+        """Slots and queues per host and model, then hosts and leases, then cache hits."""
         app = self._metrics.app
         limiter = app.limiter
         counted = {(s.host, s.model): s for s in limiter.snapshot()}

@@ -38,6 +38,7 @@ async def test_leases_lists_every_conversation_with_its_host_and_idle_time(cross
         "route", "fp", "model", "host", "state", "created", "last_used", "idle_for",
     }  # fmt: skip
     assert len(first["fp"]) == 16 and first["idle_for"] >= 0
+    assert len((await crossbar.get("/api/leases?route="))["leases"]) == 3
     only = (await crossbar.get("/api/leases?route=solo"))["leases"]
     assert [(x["route"], x["host"]) for x in only] == [("solo", "titan")]
 
@@ -218,3 +219,22 @@ async def test_unknown_paths_and_methods_get_json_errors(crossbar):
     assert "GET" in response.headers.getRawHeaders("Allow")[0]
     code, body, _ = await crossbar.call("DELETE", "/api/routes/ghost/leases")
     assert code == 404 and body["error"]["type"] == "not_found_error"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_failure_inside_crossbar_is_a_500_body_without_a_traceback(crossbar, monkeypatch):
+    async def broken(*args, **kwargs):
+        raise RuntimeError("disk on fire")
+
+    monkeypatch.setattr(crossbar.app.store, "usage_totals", broken)
+    code, body, _ = await crossbar.call("GET", "/api/usage")
+    assert (code, body) == (
+        500,
+        {
+            "error": {
+                "code": 500,
+                "type": "api_error",
+                "message": "the admin API failed on this request; see the log",
+            }
+        },
+    )
