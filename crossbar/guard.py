@@ -10,10 +10,11 @@ from attrs import define, field
 
 from crossbar.errors import bad_request
 
-# Until a model's ratio is learned: English prose runs near 0.25 tokens a character and code a
-# little higher. Starting low means an unlearned estimate never refuses a prompt that fits; the
-# band around the limit is settled by an exact count anyway.
-DEFAULT_TOKENS_PER_CHAR = 0.25
+# Until a model's ratio is learned. Real tokenizers give about 0.23-0.3 tokens a character for
+# English and more for code. Starting below that makes an unlearned estimate err low: a prompt
+# that fits is never refused on a guess; one that does not is caught by the exact count near the
+# limit, or by the host itself (which refuses it before any prefill).
+DEFAULT_TOKENS_PER_CHAR = 0.2
 BAND = 0.2  # within 20% of the limit, count exactly
 _WEIGHT = 0.2  # of each new sample in the learned ratio
 _OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")

@@ -6,47 +6,51 @@ import json
 from typing import Any
 from urllib.parse import urlsplit
 
-from attrs import define
+from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
 from twisted.internet.defer import TimeoutError as GraceOver
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from crossbar.accounting import Meter
 from crossbar.app import App
-from crossbar.errors import ClientError, error_body, not_found, unavailable
+from crossbar.errors import ClientError, not_found, unavailable
 from crossbar.fingerprint import fingerprint
-from crossbar.forward import Relay, UpstreamFailure, hop_by_hop
-from crossbar.lease import Key, NoHost, PinnedDown
+from crossbar.forward import UpstreamFailure
+from crossbar.guard import prompt_chars
+from crossbar.lease import Acquired, Key, NoHost, PinnedDown
 from crossbar.limiter import QueueFull, QueueTimeout
 from crossbar.records import UsageRow
-from crossbar.routing import Kind, check_key, choose_model, kind_of, parse_body, split_route
+from crossbar.respond import (
+    Exchange,
+    answer_error,
+    answer_json,
+    header_reader,
+    models_list,
+    relay,
+    upstream_headers,
+)
+from crossbar.routing import Kind, Target, check_key, choose_model, kind_of, parse_body, split_route
+from crossbar.sidecalls import exact_count, named_origin
 
 log = Logger(namespace="crossbar.proxy")
 _INTERNAL = ClientError(500, "api_error", "crossbar failed on this request; try again")
-_DROP_REQUEST = frozenset({b"host", b"content-length", b"authorization", b"accept-encoding"})
 
 
-@define
-class Exchange:
-    """What one request did, collected as it goes, for its usage row and log line."""
+@frozen
+class Call:
+    """A parsed request on its way upstream."""
 
-    started: float
-    route: str = ""
-    fp: str = ""
-    model: str = ""
-    host: str = ""
-    path: str = ""
-    status: int = 0
-    stream: bool = False
-    queue_ms: float = 0.0
-    ttfb_ms: float | None = None
-    lease: str = ""
-    error: str = ""
-    meter: Meter | None = None
+    request: Any
+    kind: Kind
+    method: str
+    target: Target
+    body: Any
+    raw: bytes
+    key: Key
+    candidates: tuple[str, ...]
+    origin_host: str | None  # the host of the completion the request names, if any
 
 
 def _noop() -> None:
@@ -70,7 +74,7 @@ class ProxyResource(Resource):
         finished = request.notifyFinish()
         finished.addErrback(lambda _: d.cancel())
         finished.addBoth(lambda _: self.active.discard(request))
-        d.addErrback(self._crashed, request, ex)
+        d.addErrback(self._crashed, request)
         return NOT_DONE_YET
 
     async def drain(self, grace: float) -> int:
@@ -95,43 +99,31 @@ class ProxyResource(Resource):
             await self._dispatch(request, ex)
         except ClientError as e:
             ex.status, ex.error = e.status, ex.error or e.message
-            self._answer_error(request, e)
+            answer_error(request, e)
         except CancelledError:
             ex.status = ex.status or 499
             ex.error = ex.error or "client disconnected"
         except Exception:
             log.failure("request failed inside crossbar")
             ex.status, ex.error = 500, "internal error"
-            self._answer_error(request, _INTERNAL)
+            answer_error(request, _INTERNAL)
         finally:
             if ex.route:
                 self._account(ex)
 
-    def _crashed(self, failure: Failure, request: Any, ex: Exchange) -> None:
+    def _crashed(self, failure: Failure, request: Any) -> None:
         # Last resort: _serve handles its own errors, so only a bug in that handling gets here.
         log.failure("request failed inside crossbar", failure)
-        self._answer_error(request, _INTERNAL)
-
-    def _answer_error(self, request: Any, error: ClientError) -> None:
-        if request.finished or request._disconnected:
-            return
-        if request.startedWriting:
-            request.channel.transport.loseConnection()
-            return
-        request.setResponseCode(error.status)
-        request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        for name, value in error.headers.items():
-            request.responseHeaders.setRawHeaders(name.encode(), [value.encode()])
-        request.write(error.body())
-        request.finish()
+        answer_error(request, _INTERNAL)
 
     async def _dispatch(self, request: Any, ex: Exchange) -> None:
-        config = self.app.config
+        app, config = self.app, self.app.config
         method = request.method.decode("ascii", "replace")
-        raw_path = request.path.decode("utf-8", "replace")
         query = urlsplit(request.uri.decode("utf-8", "replace")).query
-        header = _header_reader(request)
-        target = split_route(config, raw_path, query, header("X-Crossbar-Route"))
+        header = header_reader(request)
+        target = split_route(
+            config, request.path.decode("utf-8", "replace"), query, header("X-Crossbar-Route")
+        )
         route = target.route
         ex.route, ex.path = route.name, target.path
         check_key(route, header("Authorization"))
@@ -139,48 +131,65 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {method} {target.path}")
         if kind is Kind.MODELS:
-            return self._answer_json(request, 200, _models(config.models_of(route)))
+            return answer_json(request, 200, models_list(config.models_of(route)))
         if kind is Kind.HEALTH:
-            return self._answer_health(request, route)
+            healthy = [h for h in route.hosts if app.hosts.healthy(h)]
+            if not healthy:
+                raise unavailable(f"no host of route {route.name!r} is healthy", retry_after=5)
+            return answer_json(request, 200, {"status": "ok", "healthy_hosts": healthy})
         raw = request.content.read()
         body = parse_body(kind, method, target.path, raw)
         ex.model = model = choose_model(config, route, body, query)
-        candidates = config.hosts_for(route, model)
+        candidates = tuple(config.hosts_for(route, model))
         ex.fp = fingerprint(header, body, target.path, config.server.fingerprint_chars)
+        ex.chars = prompt_chars(body) if kind is Kind.INFERENCE else 0
+        origin = named_origin(app, target.path, body, app.clock.seconds())
+        if origin is not None and origin.fp:
+            ex.fp = origin.fp  # a Responses chain is the conversation of its first response
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
-        await self._forward(request, ex, kind, key, candidates, body, raw, method, target)
+        origin_host = origin.host if origin is not None and origin.host in candidates else None
+        call = Call(request, kind, method, target, body, raw, key, candidates, origin_host)
+        await self._forward(call, ex)
 
-    async def _forward(self, request, ex, kind, key, candidates, body, raw, method, target):
+    async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
+        """The host for this call: a named completion's own host, else the lease's."""
         app = self.app
-        route = target.route
+        if call.origin_host is not None and app.hosts.healthy(call.origin_host):
+            return Acquired(call.origin_host, reused=True, pinned=False)
+        route = call.target.route
+        try:
+            return await app.table.acquire(call.key, call.candidates, app.clock.seconds())
+        except PinnedDown as e:
+            raise unavailable(
+                f"route {route.name!r} is pinned to host {e.host!r}, which is down; "
+                "ask the operator to unpin or wait for it",
+                retry_after=app.config.server.health_interval,
+            ) from None
+        except NoHost:
+            if failed is not None:  # the host that just failed was the last one left
+                raise failed[1].client_error(failed[0]) from None
+            raise unavailable(
+                f"no healthy host can take model {call.key.model!r} on route {route.name!r} now",
+                retry_after=app.config.server.health_interval,
+            ) from None
+
+    async def _forward(self, call: Call, ex: Exchange) -> None:
+        app = self.app
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         while True:
-            try:
-                acquired = await app.table.acquire(key, candidates, app.clock.seconds())
-            except PinnedDown as e:
-                raise unavailable(
-                    f"route {route.name!r} is pinned to host {e.host!r}, which is down; "
-                    "ask the operator to unpin or wait for it",
-                    retry_after=app.config.server.health_interval,
-                ) from None
-            except NoHost:
-                if failed is not None:  # the host that failed was the last one left
-                    ex.error = f"upstream {failed[1].reason}"
-                    raise failed[1].client_error(failed[0]) from None
-                raise unavailable(
-                    f"no healthy host can take model {key.model!r} on route {route.name!r} now",
-                    retry_after=app.config.server.health_interval,
-                ) from None
+            acquired = await self._place(call, failed)
             ex.host = host = acquired.host
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
-            release = await self._slot(kind, route, host, key.model, ex)
+            if call.kind is Kind.INFERENCE and app.guard is not None:
+                await self._guard(call, host)
+            release = await self._slot(call, host, ex)
             try:
-                response = await self._send(request, host, key.model, body, raw, method, target)
+                response = await self._send(call, host)
             except UpstreamFailure as failure:
                 release()
                 if failure.host_fault:
                     app.hosts.passive_failure(host, failure.reason)
-                    if kind is Kind.INFERENCE and failed is None:
+                    if call.kind is Kind.INFERENCE and failed is None:
                         failed = (host, failure)  # the lease moves (unhealthy) on this acquire
                         continue
                 ex.error = f"upstream {failure.reason}"
@@ -189,16 +198,25 @@ class ProxyResource(Resource):
                 release()
                 raise
             try:
-                await self._relay(request, ex, response)
+                await relay(app, call.request, ex, response)
             finally:
                 release()
             return
 
-    async def _slot(self, kind, route, host, model, ex) -> Any:
-        limiter = self.app.limiter
-        if kind is not Kind.INFERENCE:
-            return _noop
-        if not route.queues():
+    async def _guard(self, call: Call, host: str) -> None:
+        """SPEC §7: refuse what cannot fit in the host's slot before anything goes upstream."""
+        app, model = self.app, call.key.model
+
+        async def count() -> int | None:
+            return await exact_count(app, host, call.target.path, self._body_for(call, host))
+
+        await app.guard.check(model, host, app.hosts.ctx(host, model), call.body, count)
+
+    async def _slot(self, call: Call, host: str, ex: Exchange) -> Any:
+        limiter, model = self.app.limiter, call.key.model
+        if call.kind is not Kind.INFERENCE:
+            return _noop  # control calls take neither a slot nor a queue place
+        if not call.target.route.queues():
             return limiter.track(host, model)
         waited = self.app.clock.seconds()
         try:
@@ -218,80 +236,38 @@ class ProxyResource(Resource):
         finally:
             ex.queue_ms += (self.app.clock.seconds() - waited) * 1000
 
-    async def _send(self, request, host, model, body, raw, method, target) -> Any:
-        app = self.app
-        hosts = app.config.hosts
-        host_config = hosts[host]
-        upstream_model = host_config.model(model)
-        if isinstance(body, dict) and upstream_model is not None:
-            name = upstream_model.upstream_name
-            if body.get("model", name) != name or (upstream_model.upstream and "model" not in body):
-                body = {**body, "model": name}
-                raw = json.dumps(body).encode()
-        url = host_config.url + target.path + (f"?{target.query}" if target.query else "")
-        headers = _upstream_headers(request, host_config.api_key)
-        payload = raw if (raw or method == "POST") else None
+    def _body_for(self, call: Call, host: str) -> Any:
+        """The body as `host` gets it: `model` rewritten to the host's upstream name."""
+        body = call.body
+        model = self.app.config.hosts[host].model(call.key.model)
+        if not isinstance(body, dict) or model is None:
+            return body
+        name = model.upstream_name
+        if body.get("model", name) != name or (model.upstream and "model" not in body):
+            return {**body, "model": name}
+        return body
+
+    async def _send(self, call: Call, host: str) -> Any:
+        host_config = self.app.config.hosts[host]
+        body = self._body_for(call, host)
+        raw = call.raw if body is call.body else json.dumps(body).encode()
+        query = call.target.query
+        url = (host_config.url + call.target.path + (f"?{query}" if query else "")).encode()
+        headers = upstream_headers(call.request, host_config.api_key)
+        payload = raw if (raw or call.method == "POST") else None
+        method = call.method.encode()
+        upstream = self.app.upstream
         try:
-            return await app.upstream.send(method.encode(), url.encode(), headers, payload)
+            return await upstream.send(method, url, headers, payload)
         except UpstreamFailure as failure:
             if not failure.reused:
                 raise
         # A pooled connection died under us: a keep-alive race, not the host. Once, fresh.
-        return await app.upstream.send(method.encode(), url.encode(), headers, payload, fresh=True)
-
-    async def _relay(self, request: Any, ex: Exchange, response: Any) -> None:
-        app = self.app
-        ex.status = response.code
-        request.setResponseCode(response.code, response.phrase)
-        drop = hop_by_hop(response.headers)
-        for name, values in response.headers.getAllRawHeaders():
-            if name.lower() not in drop:
-                request.responseHeaders.setRawHeaders(name, values)
-        ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
-        ex.stream = ctype.lower().startswith(b"text/event-stream")
-        for name, value in (
-            (b"X-Crossbar-Host", ex.host),
-            (b"X-Crossbar-Lease", ex.lease),
-            (b"X-Crossbar-Queue-Ms", str(round(ex.queue_ms))),
-        ):
-            request.responseHeaders.setRawHeaders(name, [value.encode()])
-        meter = ex.meter = Meter(stream=ex.stream)
-
-        def on_data(data: bytes) -> None:
-            if ex.ttfb_ms is None:
-                ex.ttfb_ms = (app.clock.seconds() - ex.started) * 1000
-            meter.feed(data)
-
-        relay = Relay(request, app.clock, app.config.server.upstream_idle_timeout, on_data)
-        response.deliverBody(relay)
-        await relay.done
-        if relay.complete():
-            meter.finish()
-            request.finish()
-            return
-        meter.delivered()
-        ex.error = "upstream idle timeout" if relay.timed_out else "upstream closed mid-response"
-        if ex.stream:
-            # One error event, then abort without the terminating chunk: the client can tell
-            # the stream was cut. No [DONE] is ever invented.
-            event = json.loads(error_body(502, "api_error", f"host {ex.host}: {ex.error}"))
-            request.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-        request.channel.transport.loseConnection()
-
-    def _answer_json(self, request: Any, status: int, obj: Any) -> None:
-        request.setResponseCode(status)
-        request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
-        request.write(json.dumps(obj).encode())
-        request.finish()
-
-    def _answer_health(self, request: Any, route: Any) -> None:
-        healthy = [h for h in route.hosts if self.app.hosts.healthy(h)]
-        if not healthy:
-            raise unavailable(f"no host of route {route.name!r} is healthy", retry_after=5)
-        self._answer_json(request, 200, {"status": "ok", "healthy_hosts": healthy})
+        return await upstream.send(method, url, headers, payload, fresh=True)
 
     def _account(self, ex: Exchange) -> None:
-        now = self.app.clock.seconds()
+        app = self.app
+        now = app.clock.seconds()
         tokens = ex.meter.tokens if ex.meter is not None else None
         row = UsageRow(
             at=now,
@@ -311,40 +287,8 @@ class ProxyResource(Resource):
             lease=ex.lease,
             error=ex.error,
         )
-        self.app.record(row)
-        if ex.meter is not None and ex.meter.ids and self.app.ids is not None:
-            self.app.ids.remember(ex.meter.ids, ex.host, ex.fp, now)
-
-
-def _header_reader(request: Any):
-    def header(name: str) -> str | None:
-        value = request.getHeader(name)
-        return value.decode("latin-1") if isinstance(value, bytes) else value
-
-    return header
-
-
-def _upstream_headers(request: Any, api_key: str) -> Headers:
-    """The client's headers minus hop-by-hop ones and its credentials, plus X-Forwarded-*."""
-    incoming = request.requestHeaders
-    drop = hop_by_hop(incoming) | _DROP_REQUEST
-    out = Headers()
-    for name, values in incoming.getAllRawHeaders():
-        if name.lower() not in drop:
-            out.setRawHeaders(name, values)
-    client = request.getClientAddress()
-    peer = getattr(client, "host", "")
-    prior = b", ".join(incoming.getRawHeaders(b"x-forwarded-for", []))
-    out.setRawHeaders(b"x-forwarded-for", [(prior + b", " if prior else b"") + peer.encode()])
-    out.setRawHeaders(b"x-forwarded-proto", [b"https" if request.isSecure() else b"http"])
-    host = incoming.getRawHeaders(b"host")
-    if host:
-        out.setRawHeaders(b"x-forwarded-host", [host[0]])
-    if api_key:
-        out.setRawHeaders(b"authorization", [b"Bearer " + api_key.encode()])
-    return out
-
-
-def _models(models: list[str]) -> dict[str, Any]:
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "crossbar"} for m in models]
-    return {"object": "list", "data": data}
+        app.record(row)
+        if tokens and tokens.prompt and ex.chars and app.guard is not None:
+            app.guard.learn(ex.model, ex.chars, tokens.prompt)
+        if ex.meter is not None and ex.meter.ids and not ex.remembered:
+            app.ids.remember(ex.meter.ids, ex.host, ex.fp, now)
