@@ -38,6 +38,9 @@ async def test_a_client_leaving_before_the_host_answers_leaves_the_host_healthy(
         assert limiter.in_flight("atlas", MODEL) == 0  # not retried for nobody
         assert fakes["atlas"].counters.requests["/v1/chat/completions"] == 0
     finally:
-        for fake in fakes.values():
-            fake.faults.hang = False
+        for fake in fakes.values():  # end whatever still hangs while the store is open
+            await fake.stop()
+        await until(
+            lambda: not limiter.in_flight("titan", MODEL) + limiter.in_flight("atlas", MODEL)
+        )
         await crossbar.stop()
