@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from crossbar import ctl
 from crossbar.check import describe
 from crossbar.config import ConfigError, load_config
 
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="validate a config file and print what it resolves to")
     check.add_argument("config", help="path to the TOML config")
     check.set_defaults(func=_check)
+    ctl.add_parser(sub)
     return parser
 
 

@@ -92,6 +92,14 @@ def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
     return None
 
 
+def _cancelled(failure: Failure) -> bool:
+    """A request failure that is our own cancellation, however the Agent wrapped it."""
+    if failure.check(defer.CancelledError):
+        return True
+    reasons = getattr(failure.value, "reasons", None) or []
+    return any(isinstance(r, Failure) and r.check(defer.CancelledError) for r in reasons)
+
+
 class _QuietFactory(_HTTP11ClientFactory):
     # One "Starting factory" log line per upstream connection is noise, not news.
     noisy = False
@@ -177,6 +185,9 @@ class Upstream:
             if timed_out:  # the Agent reports our cancel as ResponseNeverReceived
                 raise UpstreamFailure("idle timeout", host_fault=False, reused=reused) from None
             failure = Failure()
+            if _cancelled(failure):
+                # The client went away and its request was cancelled: not the host's fault.
+                raise defer.CancelledError() from None
             mapped = classify(failure, reused)
             if mapped is None:
                 raise

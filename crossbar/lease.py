@@ -15,7 +15,7 @@ to the pin).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from attrs import evolve
@@ -82,6 +82,8 @@ class Table:
         self._pins: dict[str, Lease] = {}
         self._seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
         self._locks: dict[Key, DeferredLock] = {}
+        # Called with each event once its change is in the store and in memory (metrics).
+        self.listeners: list[Callable[[LeaseEvent], None]] = []
 
     @classmethod
     async def load(
@@ -309,18 +311,30 @@ class Table:
         client gone) still leaves memory agreeing with the store; the caller waits for the
         write to land before it gives up its key lock."""
         write = ensureDeferred(self._store.apply(save=save, delete=delete, events=events))
-        write.addCallback(self._applied, save, delete)
+        write.addCallback(self._applied, save, delete, events)
         try:
             await _shielded(write)
         except CancelledError:
             await _shielded(write)
             raise
 
-    def _applied(self, _: object, save: Sequence[Lease], delete: Sequence[Key]) -> None:
+    def _applied(
+        self,
+        _: object,
+        save: Sequence[Lease],
+        delete: Sequence[Key],
+        events: Sequence[LeaseEvent],
+    ) -> None:
         for key in delete:
             self._forget(key)
         for lease in save:
             self._remember(lease)
+        for event in events:
+            for listener in list(self.listeners):
+                try:
+                    listener(event)
+                except Exception:
+                    _log.failure("lease listener failed on {event}", event=event)
 
     def _remember(self, lease: Lease, copy: bool = True) -> None:
         if copy:

@@ -15,6 +15,7 @@ from crossbar.app import App
 from crossbar.build import build_app
 from crossbar.config import Config, ConfigError, load_config
 from crossbar.logs import log_request
+from crossbar.metrics import Metrics
 from crossbar.proxy import ProxyResource
 from crossbar.site import ProxySite
 
@@ -43,6 +44,7 @@ class CrossbarService(MultiService):
         self.reactor = reactor
         self.admin_factory = admin_factory
         self.app: App | None = None
+        self.metrics: Metrics | None = None
         self.proxy: ProxyResource | None = None
         self.site: ProxySite | None = None
         self.proxy_port: Any = None
@@ -62,6 +64,7 @@ class CrossbarService(MultiService):
         config = self.config
         self.app = app = await build_app(config, self.reactor)
         app.observers.append(log_request)
+        self.metrics = Metrics(app).attach()  # before any traffic: /metrics misses nothing
         # Hosts start healthy; one round of probes (bounded by health_timeout) comes first so a
         # host that is down is known before the first client arrives. Leases are already loaded.
         await app.hosts.start()

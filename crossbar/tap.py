@@ -66,8 +66,6 @@ def makeService(options: Options) -> IService:
     problem = check_store(config.server.db)
     if problem:
         _die([problem], "the store cannot be opened")
-    try:
-        from crossbar.admin import admin_site
-    except ImportError:  # the admin API lands with its own issue
-        admin_site = None
+    from crossbar.admin import admin_site
+
     return make_service(config, admin_factory=admin_site)

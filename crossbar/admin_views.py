@@ -1,0 +1,121 @@
+"""What the admin API answers, shaped from the live app, and its query arguments."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from crossbar.errors import bad_request
+from crossbar.lease import Lease
+from crossbar.units import parse_duration
+
+MAX_BUCKETS = 2000  # points per route in a usage series
+
+
+def lease_row(lease: Lease, now: float) -> dict[str, Any]:
+    """One lease as JSON: its key, host, state and times (seconds since the epoch)."""
+    return {
+        "route": lease.key.route,
+        "fp": lease.key.fp,
+        "model": lease.key.model,
+        "host": lease.host,
+        "state": lease.state.value,
+        "created": lease.created,
+        "last_used": lease.last_used,
+        "idle_for": max(0.0, now - lease.last_used),
+    }
+
+
+def route_rows(app: Any, usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The concrete routes (config order), then every other route seen (by name): a route
+    from a template, or one the config no longer serves, that holds leases, a pin or usage."""
+    config, table = app.config, app.table
+    leases = table.snapshot()
+    pins = table.pins()
+    requests = {row["route"]: row["requests"] for row in usage}
+    seen = {lease.key.route for lease in leases} | set(pins) | set(requests)
+    names = list(config.routes) + sorted(seen - set(config.routes))
+    by_host: dict[str, Counter[str]] = {name: Counter() for name in names}
+    for lease in leases:
+        by_host[lease.key.route][lease.host] += 1
+    rows = []
+    for name in names:
+        route = config.route(name)
+        rows.append(
+            {
+                "name": name,
+                "configured": route is not None,
+                "template": route.template if route is not None else None,
+                "hosts": list(route.hosts) if route is not None else [],
+                "default_model": route.default_model if route is not None else "",
+                "affinity": route.affinity if route is not None else "",
+                "queue": route.queue if route is not None else None,
+                "peers": list(route.peers) if route is not None else [],
+                "auth": bool(route.keys) if route is not None else False,
+                "pinned": pins.get(name),
+                "leases": sum(by_host[name].values()),
+                "leases_by_host": dict(sorted(by_host[name].items())),
+                "requests": requests.get(name, 0),
+            }
+        )
+    return rows
+
+
+def host_rows(app: Any) -> list[dict[str, Any]]:
+    """Hosts.status() with, per model, the limiter's in flight, queued and free slots and
+    the table's lease count; and per host the routes pinned to it."""
+    limiter, table = app.limiter, app.table
+    pins = table.pins()
+    rows = app.hosts.status()
+    for host in rows:
+        name = host["name"]
+        host["pinned_routes"] = sorted(route for route, h in pins.items() if h == name)
+        for model in host["models"]:
+            m = model["name"]
+            model["in_flight"] = limiter.in_flight(name, m)
+            model["queued"] = limiter.queued(name, m)
+            model["free"] = limiter.free_slots(name, m)
+            model["leases"] = table.count(name, m)
+    return rows
+
+
+def since_arg(text: str | None, now: float, default: float | None = None) -> float | None:
+    """`since` as seconds since the epoch: a number is one, a duration ("90s", "2h") is that
+    long ago. None (no argument) gives `default`. Anything else is a 400."""
+    if text is None or text == "":
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        raise bad_request(
+            f'since: give seconds since the epoch or a duration such as "1h", not {text!r}'
+        ) from None
+
+
+def usage_series_args(since: str | None, bucket: str | None, now: float) -> tuple[float, float]:
+    """(since, bucket) of a usage series: default the last hour by the minute; at most
+    MAX_BUCKETS buckets."""
+    start = since_arg(since, now, default=now - 3600)
+    assert start is not None
+    if bucket is None or bucket == "":
+        size = 60.0
+    else:
+        try:
+            size = float(bucket)
+        except ValueError:
+            try:
+                size = parse_duration(bucket)
+            except ValueError:
+                size = 0.0
+    if size <= 0:
+        raise bad_request(f'bucket: give seconds or a duration such as "1m", not {bucket!r}')
+    if (now - start) / size > MAX_BUCKETS:
+        raise bad_request(
+            f"bucket: {size:g}s makes more than {MAX_BUCKETS} buckets since {start:.0f}; "
+            "choose a larger bucket or a later since"
+        )
+    return start, size

@@ -1,0 +1,281 @@
+"""`crossbar ctl`: the admin API from a shell, as aligned tables or (`--json`) as it answered.
+
+A separate, short-lived process, so plain blocking `urllib.request` is right here. Every
+failure is one line on stderr and exit status 1: crossbar unreachable, or its error message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.error import HTTPError, URLError
+from urllib.parse import quote, urlencode
+from urllib.request import Request, urlopen
+
+DEFAULT_ADMIN = "http://127.0.0.1:8081"
+USAGE_BY = ("route", "host", "model")
+
+
+class CtlError(Exception):
+    """What went wrong, in one line for the operator (more lines for a refused reload)."""
+
+
+class AdminClient:
+    """Calls crossbar's admin API at `base` with an optional bearer `token`."""
+
+    def __init__(self, base: str, token: str = "", timeout: float = 30.0) -> None:
+        self.base = base.rstrip("/")
+        self.token = token
+        self.timeout = timeout
+
+    def call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
+        """The JSON answer of one request; CtlError when it fails."""
+        params = {k: v for k, v in query.items() if v is not None}
+        url = self.base + path + (f"?{urlencode(params)}" if params else "")
+        headers = {"Accept": "application/json"}
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = "application/json"
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = Request(url, data=data, headers=headers, method=method)
+        try:
+            with urlopen(request, timeout=self.timeout) as response:
+                return json.loads(response.read() or b"null")
+        except HTTPError as e:
+            raise CtlError(_explain(e)) from None
+        except URLError as e:
+            raise CtlError(f"{self._unreachable}: {e.reason}") from None
+        except (TimeoutError, ConnectionError) as e:
+            raise CtlError(f"{self._unreachable}: {e}") from None
+        except ValueError:
+            raise CtlError(f"{url} did not answer JSON; is it crossbar's admin port?") from None
+
+    @property
+    def _unreachable(self) -> str:
+        return f"cannot reach crossbar's admin API at {self.base}"
+
+
+def _explain(e: HTTPError) -> str:
+    try:
+        error = json.loads(e.read())["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {e.code} from {e.url}"
+    lines = error.get("errors")
+    if lines:  # a refused reload: every problem on its own line
+        return f"{e.code}: config refused; the old config stays:\n" + "\n".join(
+            f"  {line}" for line in lines
+        )
+    return f"{e.code}: {error.get('message', '')}"
+
+
+# -- tables ----------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Columns padded to their widest cell; numbers right-aligned."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    numeric = [bool(rows) and all(_is_number(r[i]) for r in rows) for i in range(len(headers))]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.rjust(w) if num else v.ljust(w)
+            for v, w, num in zip(values, widths, numeric, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in cells)])
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        return f"{v:.3g}" if v < 1 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return str(v)
+
+
+def ago(seconds: float) -> str:
+    """5s, 12m, 3.5h, 2.0d."""
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def when(at: float) -> str:
+    """Seconds since the epoch as local time."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
+
+
+# -- subcommands -----------------------------------------------------------------------------
+# Each returns (the API's JSON, the text for people).
+
+
+def _hosts(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/hosts")
+    rows = []
+    for h in answer["hosts"]:
+        health = "healthy" if h["healthy"] else "UNHEALTHY"
+        for m in h["models"]:
+            slots = f"{m['in_flight']}/{m['parallel']}"
+            rows.append([h["name"], health, h["draining"], m["name"], slots, m["queued"],
+                         m["leases"], m["ctx"], h["reason"]])  # fmt: skip
+    heads = ["HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "REASON"]
+    return answer, table(heads, rows)
+
+
+def _leases(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/leases", route=a.route)
+    rows = [[x["route"], x["fp"] or "(route)", x["model"], x["host"], ago(x["idle_for"])]
+            for x in answer["leases"]]  # fmt: skip
+    return answer, table(["ROUTE", "FP", "MODEL", "HOST", "IDLE"], rows)
+
+
+def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/routes")
+    rows = []
+    for r in answer["routes"]:
+        source = ("template " + r["template"]) if r["template"] else "config"
+        rows.append([r["name"], source if r["configured"] else "not in config",
+                     ",".join(r["hosts"]), r["pinned"], r["leases"], r["requests"]])  # fmt: skip
+    return answer, table(["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS"], rows)
+
+
+def _pin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("PUT", f"/api/routes/{_seg(a.route)}/pin", {"host": a.host})
+    text = f"route {a.route} pinned to {a.host}"
+    if not answer.get("healthy", True):
+        text += f" (warning: {a.host} is unhealthy; the route's requests get 503 until it is back)"
+    return answer, text
+
+
+def _unpin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/routes/{_seg(a.route)}/pin")
+    was = answer.get("unpinned")
+    if was is None:
+        return answer, f"route {a.route} was not pinned"
+    return answer, f"route {a.route} unpinned (was {was})"
+
+
+def _release(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/routes/{_seg(a.route)}/leases")
+    return answer, f"released {answer['released']} lease(s) of route {a.route}"
+
+
+def _drain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", f"/api/hosts/{_seg(a.host)}/drain")
+    return answer, f"host {a.host} is draining: it keeps its leases and gets no new ones"
+
+
+def _undrain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/hosts/{_seg(a.host)}/drain")
+    return answer, f"host {a.host} takes new leases again"
+
+
+def _events(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/events", route=a.route, limit=a.limit, since=a.since)
+    rows = [[when(e["at"]), e["reason"], e["route"],
+             e["fp"] or ("(route)" if e["model"] else "(pin)"), e["model"],
+             e["from_host"] or "-", e["to_host"] or "-"] for e in answer["events"]]  # fmt: skip
+    return answer, table(["AT", "REASON", "ROUTE", "FP", "MODEL", "FROM", "TO"], rows)
+
+
+def _usage(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/usage", by=a.by, since=a.since)
+    rows = []
+    for u in answer["usage"]:
+        ratio = u["cache_hit_ratio"]
+        hit = "-" if ratio is None else f"{100 * ratio:.1f}%"
+        rows.append([u[a.by], u["requests"], u["errors"], u["prompt_tokens"], u["cached_tokens"],
+                     u["completion_tokens"], hit, u["ttfb_p50_ms"], u["ttfb_p95_ms"]])  # fmt: skip
+    heads = [a.by.upper(), "REQUESTS", "ERRORS", "PROMPT", "CACHED", "COMPLETION", "CACHE HIT",
+             "TTFB P50 MS", "TTFB P95 MS"]  # fmt: skip
+    return answer, table(heads, rows)
+
+
+def _reload(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", "/api/reload")
+    lines = [f"config reloaded from {answer.get('path') or '(memory)'}"]
+    lines += [f"  note: {note}" for note in answer.get("notes", [])]
+    return answer, "\n".join(lines)
+
+
+def _seg(name: str) -> str:
+    return quote(name, safe="")
+
+
+# -- the parser ------------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    """Add `ctl` and its subcommands to the `crossbar` command's subparsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: given before or after the subcommand, an option is not reset by the other.
+    common.add_argument(
+        "--admin",
+        default=argparse.SUPPRESS,
+        help=f"admin API URL (env CROSSBAR_ADMIN, default {DEFAULT_ADMIN})",
+    )
+    common.add_argument(
+        "--token", default=argparse.SUPPRESS, help="admin token (env CROSSBAR_ADMIN_TOKEN)"
+    )
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the API's JSON answer instead of a table")  # fmt: skip
+    ctl = sub.add_parser("ctl", parents=[common], help="talk to a running crossbar's admin API")
+    cmds = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, fn: Callable[..., tuple[Any, str]], text: str) -> argparse.ArgumentParser:
+        p = cmds.add_parser(name, parents=[common], help=text, description=text)
+        p.set_defaults(func=run, ctl=fn)
+        return p
+
+    cmd("hosts", _hosts, "hosts: health, draining, slots, queue, leases")
+    cmd("leases", _leases, "the lease table").add_argument("--route", help="only this route")
+    cmd("routes", _routes, "routes (configured and seen), pins, lease counts")
+    p = cmd("pin", _pin, "send every request of ROUTE to HOST (one of its configured hosts)")
+    p.add_argument("route")
+    p.add_argument("host")
+    cmd("unpin", _unpin, "remove ROUTE's pin; its leases stay").add_argument("route")
+    cmd("release", _release, "drop every lease of ROUTE").add_argument("route")
+    cmd("drain", _drain, "HOST keeps its leases and gets no new ones").add_argument("host")
+    cmd("undrain", _undrain, "HOST takes new leases again").add_argument("host")
+    p = cmd("events", _events, "lease events, newest first")
+    p.add_argument("--route", help="only this route")
+    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--since", help='a duration ("1h") or seconds since the epoch')
+    p = cmd("usage", _usage, "requests, errors, tokens, cache hits and TTFB")
+    p.add_argument("--by", choices=USAGE_BY, default="route", help="group by (default route)")
+    p.add_argument("--since", help='a duration ("24h") or seconds since the epoch')
+    cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one ctl subcommand; 0 on success, 1 (and one line on stderr) on failure."""
+    base = getattr(args, "admin", None) or os.environ.get("CROSSBAR_ADMIN") or DEFAULT_ADMIN
+    token = getattr(args, "token", None) or os.environ.get("CROSSBAR_ADMIN_TOKEN", "")
+    client = AdminClient(base, token)
+    try:
+        answer, text = args.ctl(client, args)
+    except CtlError as e:
+        print(f"crossbar ctl: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2) if getattr(args, "json", False) else text)
+    return 0

@@ -1,0 +1,214 @@
+"""Prometheus metrics of one crossbar (SPEC §10), on a registry of its own.
+
+Request numbers come from the usage rows the proxy hands to `App.observers`; lease changes from
+the table's listeners; everything that is a state rather than a count (in flight, queued,
+leases, host health, the cache-hit ratio) is read from the live objects when Prometheus
+scrapes, so it can never drift from what the admin API shows.
+
+Label values a client could invent (a route no config serves, a model no host serves) are
+folded into "(unknown)", so a scanner cannot grow the series without bound.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from crossbar.records import LeaseEvent, UsageRow
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+UNKNOWN = "(unknown)"
+# Seconds: a queue wait or a first byte ranges from a free slot (ms) to a long prefill (minutes).
+_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    """crossbar's metrics; `attach` hooks them to an App, `render` is the /metrics body."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "crossbar_requests",
+            "Requests crossbar answered, by route, host, model and HTTP status.",
+            ["route", "host", "model", "status"],
+            registry=r,
+        )
+        self.request_errors = Counter(
+            "crossbar_request_errors",
+            "Requests that failed (status >= 400, or broken mid-stream).",
+            ["route", "host", "model"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "crossbar_queue_wait_seconds",
+            "Time inference requests waited for a slot.",
+            ["host", "model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "crossbar_ttfb_seconds",
+            "Time from a request's arrival to the first response byte from its host.",
+            ["route", "host", "model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "crossbar_tokens",
+            "Tokens by kind: prompt (all of it), cached (of the prompt), completion.",
+            ["route", "host", "model", "kind"],
+            registry=r,
+        )
+        self.lease_events = Counter(
+            "crossbar_lease_events",
+            "Lease changes by reason: leases born, moved, dropped; routes pinned and unpinned.",
+            ["reason"],
+            registry=r,
+        )
+        self.lease_moves = Counter(
+            "crossbar_lease_moves",
+            "Conversations moved from one host to another (their prompt cache is lost), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        # The ratio is cached/prompt over all requests so far, per route.
+        self._prompt: dict[str, int] = defaultdict(int)
+        self._cached: dict[str, int] = defaultdict(int)
+        r.register(_Live(self))
+
+    def attach(self) -> Metrics:
+        """Start hearing the app's usage rows and its lease table's events."""
+        self.app.observers.append(self.observe)
+        self.app.table.listeners.append(self.lease_event)
+        return self
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    # -- what happened
+
+    def observe(self, row: UsageRow) -> None:
+        """One finished request (an App observer)."""
+        route, host, model = self._labels(row)
+        self.requests.labels(route, host, model, str(row.status)).inc()
+        if row.status >= 400 or row.error:
+            self.request_errors.labels(route, host, model).inc()
+        if row.queue_ms is not None and host:
+            self.queue_wait.labels(host, model).observe(row.queue_ms / 1000)
+        if row.ttfb_ms is not None:
+            self.ttfb.labels(route, host, model).observe(row.ttfb_ms / 1000)
+        for kind, n in (
+            ("prompt", row.prompt_tokens),
+            ("cached", row.cached_tokens),
+            ("completion", row.completion_tokens),
+        ):
+            if n:
+                self.tokens.labels(route, host, model, kind).inc(n)
+        if row.prompt_tokens:
+            self._prompt[route] += row.prompt_tokens
+            self._cached[route] += row.cached_tokens
+
+    def lease_event(self, event: LeaseEvent) -> None:
+        """One saved lease change (a Table listener)."""
+        self.lease_events.labels(event.reason).inc()
+        if event.from_host and event.to_host and event.model:  # not a pin row
+            self.lease_moves.labels(event.reason).inc()
+
+    def _labels(self, row: UsageRow) -> tuple[str, str, str]:
+        config = self.app.config
+        route = row.route if config.route(row.route) is not None else UNKNOWN
+        host = row.host if row.host in config.hosts else ("" if not row.host else UNKNOWN)
+        served = any(h.model(row.model) is not None for h in config.hosts.values())
+        model = row.model if served else ("" if not row.model else UNKNOWN)
+        return route, host, model
+
+    def cache_hit_ratios(self) -> dict[str, float]:
+        """route -> cached / prompt tokens over every request seen."""
+        return {r: self._cached[r] / p for r, p in self._prompt.items() if p}
+
+
+class _Live:
+    """A collector reading the app's current state at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        """Slots and queues per host and model, then hosts and leases, then cache hits."""
+        app = self._metrics.app
+        limiter = app.limiter
+        counted = {(s.host, s.model): s for s in limiter.snapshot()}
+        configured = [(n, m) for n, h in app.config.hosts.items() for m in h.model_names]
+        pairs = configured + sorted(counted.keys() - set(configured))  # + hosts just removed
+        pair = ["host", "model"]
+        in_flight = GaugeMetricFamily(
+            "crossbar_in_flight", "Requests being served, per host and model.", labels=pair
+        )
+        queued = GaugeMetricFamily(
+            "crossbar_queued", "Requests waiting for a slot, per host and model.", labels=pair
+        )
+        parallel = GaugeMetricFamily(
+            "crossbar_slots", "Slots (parallel) per host and model.", labels=pair
+        )
+        refused = CounterMetricFamily(
+            "crossbar_queue_refused", "Requests refused because the queue was full.", labels=pair
+        )
+        timed_out = CounterMetricFamily(
+            "crossbar_queue_timeouts", "Requests that waited queue_timeout in vain.", labels=pair
+        )
+        for host, model in pairs:
+            labels = [host, model]
+            in_flight.add_metric(labels, limiter.in_flight(host, model))
+            queued.add_metric(labels, limiter.queued(host, model))
+            parallel.add_metric(labels, app.hosts.parallel(host, model))
+            s = counted.get((host, model))
+            refused.add_metric(labels, s.refused if s else 0)
+            timed_out.add_metric(labels, s.timed_out if s else 0)
+        yield from (in_flight, queued, parallel, refused, timed_out)
+        yield from self._hosts(app)
+        ratio = GaugeMetricFamily(
+            "crossbar_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens per route, since start.",
+            labels=["route"],
+        )
+        for route, value in sorted(self._metrics.cache_hit_ratios().items()):
+            ratio.add_metric([route], value)
+        yield ratio
+
+    def _hosts(self, app: Any) -> Iterator[Metric]:
+        config, hosts, table = app.config, app.hosts, app.table
+        leases = GaugeMetricFamily(
+            "crossbar_leases", "Leases held per host and model.", labels=["host", "model"]
+        )
+        for name, host in config.hosts.items():
+            for model in host.model_names:
+                leases.add_metric([name, model], table.count(name, model))
+        pins = GaugeMetricFamily("crossbar_pins", "Routes pinned to each host.", labels=["host"])
+        pinned: dict[str, int] = defaultdict(int)
+        for host in table.pins().values():
+            pinned[host] += 1
+        healthy = GaugeMetricFamily(
+            "crossbar_host_healthy", "1 when the host is healthy, else 0.", labels=["host"]
+        )
+        draining = GaugeMetricFamily(
+            "crossbar_host_draining", "1 when the host is draining, else 0.", labels=["host"]
+        )
+        flips = CounterMetricFamily(
+            "crossbar_host_health_flips", "Health changes of each host.", labels=["host"]
+        )
+        counted = hosts.flips
+        for name in config.hosts:
+            pins.add_metric([name], pinned.get(name, 0))
+            healthy.add_metric([name], 1 if hosts.healthy(name) else 0)
+            draining.add_metric([name], 1 if hosts.draining(name) else 0)
+            flips.add_metric([name], counted.get(name, 0))
+        yield from (leases, pins, healthy, draining, flips)

@@ -1,0 +1,183 @@
+"""`crossbar ctl` against a real crossbar's admin port: tables for people, JSON for scripts."""
+
+import contextlib
+import io
+import json
+import socket
+
+import pytest_twisted
+from twisted.internet.threads import deferToThread
+
+from crossbar.cli import main
+from crossbar.ctl import table
+from tests.admin_harness import conversation, start_service, write_config
+from tests.harness import MODEL, start_fakes, wait
+
+ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+
+
+def _run(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue(), err.getvalue()
+
+
+async def ctl(crossbar, *argv: str) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of `crossbar ctl --admin <url> ARGV`, run in a thread
+    while the reactor serves the admin port."""
+    args = ["ctl", "--admin", crossbar.admin_url, *argv]
+    return await wait(deferToThread(_run, args), 30)
+
+
+@pytest_twisted.async_yield_fixture
+async def crossbar(tmp_path):
+    fakes = await start_fakes("titan", "atlas")
+    running = await start_service(write_config(tmp_path / "c.toml", fakes, ROUTES), fakes)
+    yield running
+    await running.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_drain_keeps_existing_conversations_and_sends_new_ones_elsewhere(crossbar):
+    homes = {}
+    for name in ("a", "b"):
+        homes[name], _ = await crossbar.chat("convo", conversation(name))
+    (on_titan,) = [name for name, host in homes.items() if host == "titan"]
+
+    code, out, err = await ctl(crossbar, "drain", "titan")
+    assert (code, err) == (0, "")
+    assert out == "host titan is draining: it keeps its leases and gets no new ones\n"
+
+    host, _ = await crossbar.chat("convo", conversation(on_titan))
+    assert host == "titan"  # an existing conversation stays where its cache is
+    for name in ("c", "d", "e"):
+        host, _ = await crossbar.chat("convo", conversation(name))
+        assert host == "atlas", name
+    code, out, _ = await ctl(crossbar, "hosts")
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "REASON",
+    ]  # fmt: skip
+    assert lines[1].split()[:7] == ["titan", "healthy", "yes", MODEL, "0/2", "0", "1"]
+    assert lines[2].split()[:7] == ["atlas", "healthy", "no", MODEL, "0/2", "0", "4"]
+
+    code, out, _ = await ctl(crossbar, "undrain", "titan")
+    assert (code, out) == (0, "host titan takes new leases again\n")
+    host, _ = await crossbar.chat("convo", conversation("f"))
+    assert host == "titan"  # the least loaded again
+
+
+@pytest_twisted.ensureDeferred
+async def test_pin_unpin_release_leases_and_events_read_as_sentences_and_tables(crossbar):
+    await crossbar.chat("convo", conversation("a"))
+    await crossbar.chat("convo", conversation("b"))
+    assert await ctl(crossbar, "pin", "convo", "atlas") == (0, "route convo pinned to atlas\n", "")
+    code, out, _ = await ctl(crossbar, "leases", "--route", "convo")
+    header, *rows = out.splitlines()
+    assert header.split() == ["ROUTE", "FP", "MODEL", "HOST", "IDLE"]
+    assert [r.split()[3] for r in rows] == ["atlas"]
+    assert await ctl(crossbar, "unpin", "convo") == (0, "route convo unpinned (was atlas)\n", "")
+    assert await ctl(crossbar, "unpin", "convo") == (0, "route convo was not pinned\n", "")
+    assert await ctl(crossbar, "release", "convo") == (
+        0,
+        "released 1 lease(s) of route convo\n",
+        "",
+    )
+    code, out, _ = await ctl(crossbar, "events", "--route", "convo", "--limit", "3")
+    header, *rows = out.splitlines()
+    assert header.split() == ["AT", "REASON", "ROUTE", "FP", "MODEL", "FROM", "TO"]
+    assert [r.split()[2] for r in rows] == ["release", "release", "pin"]  # AT is two words
+    code, out, _ = await ctl(crossbar, "routes")
+    assert code == 0
+    assert out.splitlines()[1].split() == ["convo", "config", "titan,atlas", "-", "0", "2"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_usage_by_host_and_json_for_scripts(crossbar):
+    await crossbar.chat("convo", conversation("a"))
+    code, out, _ = await ctl(crossbar, "usage", "--by", "host", "--since", "1h")
+    header, row = out.splitlines()
+    assert header.split()[:3] == ["HOST", "REQUESTS", "ERRORS"]
+    assert "CACHE HIT  TTFB P50 MS  TTFB P95 MS" in header
+    assert row.split()[:3] in (["titan", "1", "0"], ["atlas", "1", "0"])
+    code, out, _ = await ctl(crossbar, "usage", "--json")
+    answer = json.loads(out)
+    assert answer["by"] == "route" and answer["usage"][0]["requests"] == 1
+    code, out, _ = await ctl(crossbar, "--json", "hosts")
+    assert code == 0
+    assert [h["name"] for h in json.loads(out)["hosts"]] == ["titan", "atlas"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_errors_are_one_line_with_crossbars_message_and_exit_1(crossbar):
+    assert await ctl(crossbar, "pin", "convo", "orion") == (
+        1,
+        "",
+        "crossbar ctl: 409: host 'orion' is not one of route 'convo''s hosts (titan, atlas); "
+        "pin to one of those by name\n",
+    )
+    assert await ctl(crossbar, "drain", "orion") == (
+        1,
+        "",
+        "crossbar ctl: 404: no host named 'orion' in the config\n",
+    )
+    code, out, err = await ctl(crossbar, "usage", "--since", "last week")
+    assert (code, out) == (1, "") and err.startswith("crossbar ctl: 400: since: give seconds")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_reload_prints_every_error(crossbar):
+    write_config(crossbar.path, crossbar.fakes, {"convo": {"hosts": ["tytan"]}})
+    code, out, err = await ctl(crossbar, "reload")
+    assert (code, out) == (1, "")
+    assert err.splitlines() == [
+        "crossbar ctl: 400: config refused; the old config stays:",
+        '  routes.convo.hosts: unknown host "tytan"',
+    ]
+    write_config(crossbar.path, crossbar.fakes, ROUTES)
+    code, out, _ = await ctl(crossbar, "reload")
+    assert (code, out) == (0, f"config reloaded from {crossbar.path}\n")
+
+
+@pytest_twisted.ensureDeferred
+async def test_token_from_the_environment_and_a_clear_error_without_it(tmp_path, monkeypatch):
+    fakes = await start_fakes("titan")
+    path = write_config(tmp_path / "c.toml", fakes, ROUTES | {"convo": {"hosts": ["titan"]}},
+                        server={"admin_token": "t0ken"})  # fmt: skip
+    crossbar = await start_service(path, fakes, token="t0ken")
+    try:
+        code, _, err = await ctl(crossbar, "hosts")
+        assert code == 1
+        assert err == (
+            "crossbar ctl: 401: the admin API needs an Authorization: Bearer <admin_token> header\n"
+        )
+        monkeypatch.setenv("CROSSBAR_ADMIN_TOKEN", "t0ken")
+        assert (await ctl(crossbar, "hosts"))[0] == 0
+        assert (await ctl(crossbar, "hosts", "--token", "wrong"))[2].endswith("wrong admin token\n")
+        monkeypatch.setenv("CROSSBAR_ADMIN", crossbar.admin_url)
+        code, out, _ = await wait(deferToThread(_run, ["ctl", "hosts"]))
+        assert code == 0 and out.startswith("HOST")
+    finally:
+        await crossbar.stop()
+
+
+def test_an_unreachable_crossbar_is_one_line_and_exit_1():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens here once the socket is closed
+    code, out, err = _run(["ctl", "--admin", f"http://127.0.0.1:{port}", "leases"])
+    assert (code, out) == (1, "")
+    assert err.startswith(
+        f"crossbar ctl: cannot reach crossbar's admin API at http://127.0.0.1:{port}: "
+    )
+    assert err.count("\n") == 1
+
+
+def test_tables_align_columns_and_right_align_numbers():
+    text = table(["NAME", "N", "NOTE"], [["titan", 5, None], ["atlas-long", 1234, "x"]])
+    assert text.splitlines() == [
+        "NAME            N  NOTE",
+        "titan           5  -",
+        "atlas-long  1,234  x",
+    ]

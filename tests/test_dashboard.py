@@ -1,0 +1,107 @@
+"""The dashboard in a real headless Chromium, rendering live data from a running crossbar."""
+
+import re
+import shutil
+import subprocess
+from html import unescape
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from twisted.internet.threads import deferToThread
+
+from tests.admin_harness import conversation, start_service, write_config
+from tests.harness import MODEL, start_fakes, turn, wait
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
+
+ROUTES = {
+    "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL},
+    "solo": {"hosts": ["titan"], "default_model": MODEL},
+}
+
+
+def render(url: str, profile: Path, screenshot: Path | None = None) -> str:
+    """The DOM of `url` after Chromium ran its scripts for a few (virtual) seconds."""
+    command = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--virtual-time-budget=5000",
+        "--window-size=1280,900",
+    ]
+    if screenshot is not None:
+        command.append(f"--screenshot={screenshot}")
+    else:
+        command.append("--dump-dom")
+    done = subprocess.run([*command, url], capture_output=True, text=True, timeout=90, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def element(dom: str, id_: str) -> str:
+    """The inner HTML of the element with `id_` (first match, non-nested tag)."""
+    match = re.search(rf'<(\w+)[^>]*\bid="{id_}"[^>]*>(.*?)</\1>', dom, re.S)
+    assert match, f"no #{id_} in the page"
+    return match.group(2)
+
+
+@pytest_twisted.async_yield_fixture
+async def crossbar(tmp_path):
+    fakes = await start_fakes("titan", "atlas")
+    path = write_config(
+        tmp_path / "crossbar.toml", fakes, ROUTES, server={"admin_token": "dash-token"}
+    )
+    running = await start_service(path, fakes, token="dash-token")
+    yield running
+    await running.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dashboard_shows_hosts_leases_events_usage_and_a_chart(crossbar, tmp_path):
+    history = conversation("a")
+    _, reply = await crossbar.chat("convo", history)
+    await crossbar.chat("convo", turn(history, reply, "and the tests"))
+    await crossbar.chat("solo", conversation("b"))
+    await crossbar.call("POST", "/api/hosts/atlas/drain")
+    url = f"{crossbar.admin_url}/#token=dash-token"
+
+    dom = await wait(deferToThread(render, url, tmp_path / "profile"), 120)
+
+    assert element(dom, "errors") == "", unescape(element(dom, "errors"))
+    assert re.search(r'data-refreshes="\d+"', dom), "the page never finished a refresh"
+    hosts = element(dom, "hosts")
+    assert 'data-host="titan"' in hosts and 'data-host="atlas"' in hosts
+    assert "healthy" in hosts and "draining" in hosts and ">undrain<" in hosts
+    leases = element(dom, "leases")
+    assert leases.count("<tr data-lease=") == 2  # convo's conversation and solo's
+    assert "convo" in leases and "solo" in leases
+    events = element(dom, "events")
+    assert events.count('data-reason="new"') == 2
+    usage = element(dom, "usage")
+    assert 'data-route="convo"' in usage and "%" in usage
+    assert "cache hit" in element(dom, "cache-hit")
+    chart = element(dom, "chart")
+    assert chart.count("<polyline") == 2 and 'data-route="solo"' in chart
+    assert ">release<" in element(dom, "routes")
+
+    shot = tmp_path / "dashboard.png"
+    await wait(deferToThread(render, url, tmp_path / "profile2", shot), 120)
+    assert shot.stat().st_size > 10_000 and shot.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_the_token_the_dashboard_reports_what_failed(crossbar, tmp_path):
+    # No #token=: the page shows its token form and says what the API answered.
+    dom = await wait(deferToThread(render, crossbar.admin_url + "/", tmp_path / "p"), 120)
+    assert "401" in element(dom, "errors") and "admin_token" in unescape(element(dom, "errors"))
+    assert re.search(r'<form id="login"\s*>', dom), "the token form is still hidden"
+    assert "data-refreshes" not in dom
