@@ -32,8 +32,15 @@ browser:
 			>/dev/null 2>&1 || echo "could not install chromium; the dashboard test will be skipped"; \
 	fi
 
+# Tests against a real llama-server run when it is built (../shared/tools/get-llama-server.sh
+# caches it here); elsewhere they are skipped. LLAMA_SERVER/LLAMA_MODEL in the environment win.
+REAL := $(HOME)/.cache/crossbar-real
+LLAMA_SERVER ?= $(wildcard $(REAL)/llama.cpp/build/bin/llama-server)
+LLAMA_MODEL ?= $(wildcard $(REAL)/gemma-3-270m-q4_k_m.gguf)
+export LLAMA_SERVER LLAMA_MODEL
+
 test: lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -rs
 
 # Two fake llama-servers and crossbar (examples/demo.toml), driven by two short conversations,
 # left running; pids and logs in demo/.
