@@ -13,6 +13,7 @@ from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web import client
 from twisted.web._newclient import (
+    HTTP11ClientProtocol,
     RequestNotSent,
     RequestTransmissionFailed,
     ResponseNeverReceived,
@@ -41,10 +42,11 @@ HOP_BY_HOP = frozenset(
 )
 
 
-def hop_by_hop(headers: Headers) -> set[bytes]:
-    """The header names not to forward: the fixed set, `Proxy-*`, and those Connection names."""
+def hop_by_hop(headers: Headers, connection: Headers | None = None) -> set[bytes]:
+    """The header names not to forward: the fixed set, `Proxy-*`, and those Connection names
+    (read from `connection` where the client library files them apart)."""
     names = set(HOP_BY_HOP)
-    for value in headers.getRawHeaders(b"connection", []):
+    for value in (connection or headers).getRawHeaders(b"connection", []):
         names.update(t.strip().lower() for t in value.split(b",") if t.strip())
     for name, _ in headers.getAllRawHeaders():
         if name.lower().startswith(b"proxy-"):
@@ -100,9 +102,29 @@ def _cancelled(failure: Failure) -> bool:
     return any(isinstance(r, Failure) and r.check(defer.CancelledError) for r in reasons)
 
 
+class _ConnHeadersProtocol(HTTP11ClientProtocol):
+    """Keeps the response's connection headers on it: Twisted files `Connection` apart from
+    `response.headers`, and RFC 9110 wants the headers it names dropped too."""
+
+    def request(self, request: Any) -> Deferred:
+        d = super().request(request)
+        parser = getattr(self, "_parser", None)
+        if parser is not None:
+
+            def keep(response: Any) -> Any:
+                response.connection_headers = parser.connHeaders
+                return response
+
+            d.addCallback(keep)
+        return d
+
+
 class _QuietFactory(_HTTP11ClientFactory):
     # One "Starting factory" log line per upstream connection is noise, not news.
     noisy = False
+
+    def buildProtocol(self, addr: Any) -> HTTP11ClientProtocol:
+        return _ConnHeadersProtocol(self._quiescentCallback)
 
 
 class _TrackingPool(HTTPConnectionPool):

@@ -100,7 +100,7 @@ async def relay(app: Any, request: Any, ex: Exchange, response: Any) -> None:
     """Relay status, headers and the body as it arrives; make a broken stream detectable."""
     ex.status = response.code
     request.setResponseCode(response.code, response.phrase)
-    drop = hop_by_hop(response.headers)
+    drop = hop_by_hop(response.headers, getattr(response, "connection_headers", None))
     for name, values in response.headers.getAllRawHeaders():
         if name.lower() not in drop:
             request.responseHeaders.setRawHeaders(name, values)
