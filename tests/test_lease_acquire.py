@@ -2,19 +2,12 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import FakeHosts, MemoryStore, hosts_of, make_table, open_store, run_now, story
+from lease_fakes import FakeHosts, MemoryStore, hosts_of, make_table, run_now, story
 
 from crossbar.lease import Acquired, Key, Lease, NoHost, PinnedDown, State, Table
 
 K = Key("convo", "f1", "m")
 AB = ["a", "b"]
-
-
-@pytest_twisted.async_yield_fixture
-async def store():
-    s = await open_store()
-    yield s
-    await s.close()
 
 
 # -- 4. choose --------------------------------------------------------------------------------

@@ -2,20 +2,13 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import HeldStore, hosts_of, make_table, open_store, story
+from lease_fakes import HeldStore, hosts_of, make_table, story
 from twisted.internet.defer import CancelledError, DeferredList, ensureDeferred
 
 from crossbar.lease import Acquired, Key
 
 K = Key("convo", "f1", "m")
 AB = ["a", "b"]
-
-
-@pytest_twisted.async_yield_fixture
-async def store():
-    s = await open_store()
-    yield s
-    await s.close()
 
 
 @pytest_twisted.ensureDeferred

@@ -2,7 +2,7 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import FailingStore, FakeHosts, HeldStore, hosts_of, make_table, open_store
+from lease_fakes import FailingStore, FakeHosts, HeldStore, hosts_of, make_table
 from twisted.internet.defer import CancelledError, ensureDeferred
 
 from crossbar.lease import Key
@@ -10,13 +10,6 @@ from crossbar.store import StoreError
 
 AB = ["a", "b"]
 F1 = Key("convo", "f1", "m")
-
-
-@pytest_twisted.async_yield_fixture
-async def store():
-    s = await open_store()
-    yield s
-    await s.close()
 
 
 def state(table):

@@ -9,13 +9,6 @@ from crossbar.lease import Acquired, Key, Lease, State, UnknownHost
 AB = ["a", "b"]
 
 
-@pytest_twisted.async_yield_fixture
-async def store():
-    s = await open_store()
-    yield s
-    await s.close()
-
-
 async def spread(table, now=1.0):
     """convo/f1 on a, convo/f2 on b, convo/f3 on a; other/g on b."""
     for fp in ("f1", "f2", "f3"):

@@ -15,13 +15,6 @@ from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store import StoreError, migrations
 
 
-@pytest_twisted.async_yield_fixture
-async def store():
-    s = await open_store()
-    yield s
-    await s.close()
-
-
 def lease(route="r", fp="f", model="m", host="a", at=1.0, state=State.ACTIVE) -> Lease:
     return Lease(Key(route, fp, model), host, state, at, at)
 
