@@ -16,6 +16,7 @@ from twisted.web._newclient import (
     HTTP11ClientProtocol,
     RequestNotSent,
     RequestTransmissionFailed,
+    ResponseFailed,
     ResponseNeverReceived,
 )
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, _HTTP11ClientFactory
@@ -82,24 +83,31 @@ class UpstreamFailure(Exception):
 def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
     """Map a request failure to an UpstreamFailure, or None when it is something else."""
     if failure.check(defer.TimeoutError):
-        return UpstreamFailure("idle timeout", host_fault=False, reused=reused)
+        # Never retried: a silent host is not a keep-alive race, and resending doubles its work.
+        return UpstreamFailure("idle timeout", host_fault=False)
     if failure.check(ierror.ConnectionRefusedError):
         return UpstreamFailure("refused", host_fault=True)
     if failure.check(ierror.TimeoutError):
         return UpstreamFailure("connect timeout", host_fault=True)
     if failure.check(ierror.ConnectError, ierror.DNSLookupError):
         return UpstreamFailure("connect failed", host_fault=True)
-    if failure.check(ResponseNeverReceived, RequestTransmissionFailed, RequestNotSent):
+    if failure.check(
+        ResponseNeverReceived, RequestTransmissionFailed, RequestNotSent, ResponseFailed
+    ):
+        # No response (or only part of its head) arrived: to the client, nothing was sent yet.
         return UpstreamFailure("reset", host_fault=not reused, reused=reused)
     return None
 
 
 def _cancelled(failure: Failure) -> bool:
     """A request failure that is our own cancellation, however the Agent wrapped it."""
-    if failure.check(defer.CancelledError):
+    if failure.check(defer.CancelledError, ierror.ConnectingCancelledError):
         return True
     reasons = getattr(failure.value, "reasons", None) or []
-    return any(isinstance(r, Failure) and r.check(defer.CancelledError) for r in reasons)
+    return any(
+        isinstance(r, Failure) and r.check(defer.CancelledError, ierror.ConnectingCancelledError)
+        for r in reasons
+    )
 
 
 class _ConnHeadersProtocol(HTTP11ClientProtocol):
@@ -205,7 +213,7 @@ class Upstream:
             raise
         except Exception:
             if timed_out:  # the Agent reports our cancel as ResponseNeverReceived
-                raise UpstreamFailure("idle timeout", host_fault=False, reused=reused) from None
+                raise UpstreamFailure("idle timeout", host_fault=False) from None
             failure = Failure()
             if _cancelled(failure):
                 # The client went away and its request was cancelled: not the host's fault.

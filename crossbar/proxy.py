@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred, DeferredList
@@ -55,6 +55,14 @@ class Call:
 
 def _noop() -> None:
     pass
+
+
+def _rewrite_model_query(query: str, model: Any) -> str:
+    """`?model=` names the model the host's way too, like the body's "model"."""
+    if not query or model is None or not model.upstream or "model=" not in query:
+        return query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
 
 
 class ProxyResource(Resource):
@@ -147,12 +155,12 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {method} {target.path}")
         if kind is Kind.MODELS:
-            return answer_json(request, 200, models_list(config.models_of(route)))
+            return answer_json(request, 200, models_list(config.models_of(route)), ex)
         if kind is Kind.HEALTH:
             healthy = [h for h in route.hosts if app.hosts.healthy(h)]
             if not healthy:
                 raise unavailable(f"no host of route {route.name!r} is healthy", retry_after=5)
-            return answer_json(request, 200, {"status": "ok", "healthy_hosts": healthy})
+            return answer_json(request, 200, {"status": "ok", "healthy_hosts": healthy}, ex)
         raw = request.content.read()
         body = parse_body(kind, method, target.path, raw)
         ex.model = model = choose_model(config, route, body, query)
@@ -198,6 +206,7 @@ class ProxyResource(Resource):
     async def _forward(self, call: Call, ex: Exchange) -> None:
         app = self.app
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
+        removed_retries = 3
         while True:
             acquired = await self._place(call, failed)
             ex.host = host = acquired.host
@@ -205,6 +214,11 @@ class ProxyResource(Resource):
             if call.kind is Kind.INFERENCE and app.guard is not None:
                 await self._guard(call, host)
             release = await self._slot(call, host, ex)
+            if host not in app.config.hosts:  # a reload removed it while we waited
+                release()
+                if removed_retries := removed_retries - 1:
+                    continue
+                raise unavailable(f"host {host} was removed from the config; try again", 1)
             try:
                 response = await self._send(call, host)
             except UpstreamFailure as failure:
@@ -273,7 +287,7 @@ class ProxyResource(Resource):
         host_config = self.app.config.hosts[host]
         body = self._body_for(call, host)
         raw = call.raw if body is call.body else json.dumps(body).encode()
-        query = call.target.query
+        query = _rewrite_model_query(call.target.query, host_config.model(call.key.model))
         url = (host_config.url + call.target.path + (f"?{query}" if query else "")).encode()
         headers = upstream_headers(call.request, host_config.api_key)
         payload = raw if (raw or call.method == "POST") else None

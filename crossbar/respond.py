@@ -68,7 +68,9 @@ def upstream_headers(request: Any, api_key: str) -> Headers:
     return out
 
 
-def answer_json(request: Any, status: int, obj: Any) -> None:
+def answer_json(request: Any, status: int, obj: Any, ex: Exchange | None = None) -> None:
+    if ex is not None:
+        ex.status = status
     request.setResponseCode(status)
     request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
     request.write(json.dumps(obj).encode())

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import treq
+from twisted.internet.defer import CancelledError
 from twisted.web.http_headers import Headers
 
 from crossbar.ids import Origin
@@ -29,6 +30,8 @@ def named_origin(app: Any, path: str, body: Any, now: float) -> Origin | None:
 
 
 def _count_request(path: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]] | None:
+    if path == "/v1/messages":  # Anthropic: its top-level `system` counts too
+        return "/v1/messages/count_tokens", body
     if isinstance(body.get("messages"), list):
         return "/v1/chat/completions/input_tokens", body
     if path.startswith(RESPONSES):
@@ -47,7 +50,9 @@ async def exact_count(app: Any, host: str, path: str, body: Any) -> int | None:
     if found is None:
         return None
     count_path, payload = found
-    config = app.config.hosts[host]
+    config = app.config.hosts.get(host)
+    if config is None:  # a reload removed the host meanwhile
+        return None
     headers = Headers({b"content-type": [b"application/json"]})
     if config.api_key:
         headers.setRawHeaders(b"authorization", [b"Bearer " + config.api_key.encode()])
@@ -56,6 +61,8 @@ async def exact_count(app: Any, host: str, path: str, body: Any) -> int | None:
             b"POST", (config.url + count_path).encode(), headers, json.dumps(payload).encode()
         )
         data = json.loads(await treq.content(response))
+    except CancelledError:
+        raise  # the client left: stop here, never go on to send the request
     except Exception:
         return None  # the host will refuse an oversized prompt itself
     if response.code != 200 or not isinstance(data, dict):

@@ -36,6 +36,11 @@ class Recorder(Resource):
         request.setHeader(b"x-upstream", b"kept")
         return json.dumps({"id": "chatcmpl-1", "choices": []}).encode()
 
+    def render_GET(self, request):
+        self.seen.append({"uri": request.uri.decode()})
+        request.setHeader(b"content-type", b"application/json")
+        return b"{}"
+
 
 @pytest_twisted.ensureDeferred
 async def test_headers_across_the_proxy_follow_rfc_9110_and_swap_credentials():
@@ -87,6 +92,15 @@ async def test_headers_across_the_proxy_follow_rfc_9110_and_swap_credentials():
         assert not response.headers.hasHeader("x-secret-hop")
         assert not response.headers.hasHeader("keep-alive")
         assert response.headers.getRawHeaders("X-Crossbar-Lease") == ["new"]
+
+        props = await wait(
+            crossbar.client().get(
+                crossbar.url("convo", f"/props?model={MODEL}&x=1"),
+                headers={"Authorization": "Bearer client-key"},
+            )
+        )
+        await props.content()
+        assert recorder.seen[-1]["uri"] == "/props?model=Qwen3-Coder-30B&x=1"
     finally:
         await crossbar.stop()
         await upstream.stopListening()

@@ -1,0 +1,109 @@
+"""Edges the review found: cancels that are not failures, timeouts that are not races."""
+
+import json
+
+import pytest_twisted
+from twisted.internet import error as ierror
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+
+from crossbar.forward import _cancelled, classify
+from crossbar.sidecalls import _count_request
+from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+
+ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
+
+
+def chat(n_words=3, **extra):
+    words = " ".join(["word"] * n_words)
+    return json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": words}], **extra}
+    ).encode()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_client_leaving_during_the_exact_count_never_sends_its_request():
+    fakes = await start_fakes("titan", ctx=1000)
+    crossbar = await start_crossbar(fakes, ONE, ctx=1000)
+    counting = Deferred()
+    real_send = crossbar.app.upstream.send
+
+    async def send(method, url, headers, body, fresh=False):
+        if url.endswith(b"/input_tokens"):
+            return await counting  # the host takes its time counting
+        return await real_send(method, url, headers, body, fresh)
+
+    crossbar.app.upstream.send = send
+    rows = []
+    crossbar.app.observers.append(rows.append)
+    try:
+        leaving = crossbar.client().post(
+            crossbar.url("convo", "/v1/chat/completions"), data=chat(950)
+        )
+        await until(lambda: crossbar.app.guard.exact_counts == 1)
+        leaving.addErrback(lambda _: None)  # the client's own side of hanging up
+        leaving.cancel()
+        await until(lambda: len(rows) == 1)
+        assert rows[0].error == "client disconnected"
+        assert fakes["titan"].counters.requests["/v1/chat/completions"] == 0
+        assert crossbar.app.limiter.in_flight("titan", MODEL) == 0
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_silent_on_a_pooled_connection_is_not_asked_twice():
+    fakes = await start_fakes("titan")
+    crossbar = await start_crossbar(fakes, ONE, server={"upstream_idle_timeout": "300ms"})
+    try:
+        first = await wait(
+            crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat())
+        )
+        await first.content()  # leaves a pooled connection to titan
+        fakes["titan"].faults.hang = True
+        second = await wait(
+            crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat())
+        )
+        await second.content()
+        assert second.code == 504
+        assert fakes["titan"].counters.requests["/v1/chat/completions"] == 2  # not 3
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_answers_crossbar_gives_itself_are_accounted_as_200():
+    crossbar = await start_crossbar(await start_fakes("titan"), ONE)
+    rows = []
+    crossbar.app.observers.append(rows.append)
+    try:
+        for path in ("/v1/models", "/health"):
+            response = await wait(crossbar.client().get(crossbar.url("convo", path)))
+            await response.content()
+        assert [(r.path, r.status) for r in rows] == [("/v1/models", 200), ("/health", 200)]
+    finally:
+        await crossbar.stop()
+
+
+def test_a_cancelled_connect_is_a_cancellation_not_a_failure():
+    assert _cancelled(Failure(ierror.ConnectingCancelledError(None)))
+    wrapped = ResponseNeverReceived([Failure(ierror.ConnectingCancelledError(None))])
+    assert _cancelled(Failure(wrapped))
+    assert not _cancelled(Failure(ierror.ConnectionRefusedError()))
+
+
+def test_a_head_cut_short_is_a_reset_and_a_timeout_is_never_retried():
+    cut = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=False)
+    assert (cut.reason, cut.host_fault) == ("reset", True)
+    from twisted.internet.defer import TimeoutError
+
+    timeout = classify(Failure(TimeoutError()), reused=True)
+    assert (timeout.reason, timeout.host_fault, timeout.reused) == ("idle timeout", False, False)
+
+
+def test_anthropic_messages_are_counted_by_their_own_endpoint():
+    body = {"system": "s", "messages": []}
+    assert _count_request("/v1/messages", body)[0] == "/v1/messages/count_tokens"
+    assert _count_request("/v1/chat/completions", body)[0] == "/v1/chat/completions/input_tokens"
+    assert _count_request("/completion", {"prompt": "p"}) == ("/tokenize", {"content": "p"})
