@@ -70,7 +70,9 @@ class CrossbarService(MultiService):
         await app.hosts.start()
         self._sweep.start(config.server.sweep_interval, now=False)
         self.proxy = ProxyResource(app)
-        self.site = ProxySite(self.proxy, max_body=config.server.max_body, reactor=self.reactor)
+        self.site = ProxySite(
+            self.proxy, max_body=config.server.max_body, access_log=False, reactor=self.reactor
+        )
         endpoint = serverFromString(self.reactor, config.server.listen)
         self.proxy_port = await endpoint.listen(self.site)
         if self.admin_factory is not None:
