@@ -42,6 +42,11 @@ def read_usage(obj: Any, tokens: Tokens) -> bool:
             cached = usage.get("cache_read_input_tokens")
         if isinstance(prompt, int):
             tokens.prompt = prompt
+            if "cache_read_input_tokens" in usage:
+                # Anthropic counts cache reads (and writes) apart from input_tokens.
+                for extra in ("cache_read_input_tokens", "cache_creation_input_tokens"):
+                    if isinstance(usage.get(extra), int):
+                        tokens.prompt += usage[extra]
         if isinstance(completion, int):
             tokens.completion = completion
         if isinstance(cached, int):
@@ -67,9 +72,10 @@ def read_id(obj: Any) -> str | None:
     value = obj.get("id")
     if isinstance(value, str) and value:
         return value
-    response = obj.get("response")
-    if isinstance(response, dict) and isinstance(response.get("id"), str):
-        return response["id"]
+    for wrapper in ("response", "message"):  # Responses events, Anthropic message_start
+        inner = obj.get(wrapper)
+        if isinstance(inner, dict) and isinstance(inner.get("id"), str) and inner["id"]:
+            return inner["id"]
     return None
 
 
