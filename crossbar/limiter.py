@@ -12,8 +12,8 @@ decrement, admit waiters while in flight < parallel", which is the same conditio
 
 Retry-after hints (for `Retry-After`): the expected wait of a request joining the back of the
 queue now, `mean hold time x (queued + 1) / parallel`, where the mean is an exponentially
-weighted average of how long recent requests held their slot; at most `queue_timeout` (also
-the estimate before any request has finished) and at least 1 s.
+weighted average of how long recent requests held their slot (before any has finished, a
+guess of FIRST_HOLD_GUESS seconds); at most `queue_timeout` and at least 1 s.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 Release = Callable[[], None]
 Key = tuple[str, str]
 
+# How long a slot is held, until one has been seen: a longish generation. Not queue_timeout:
+# right after a restart that would send every refused client away for minutes.
+FIRST_HOLD_GUESS = 30.0
 # Weight of the newest hold time in the running average behind retry-after hints.
 _HOLD_WEIGHT = 0.2
 
@@ -271,9 +274,7 @@ class Limiter:
         )
 
     def _retry_after(self, key: Key, slots: _Slots) -> float:
-        if slots.hold_average is None:
-            estimate = self._queue_timeout
-        else:
-            estimate = slots.hold_average * (len(slots.waiters) + 1) / self._limit(key)
+        hold = FIRST_HOLD_GUESS if slots.hold_average is None else slots.hold_average
+        estimate = hold * (len(slots.waiters) + 1) / self._limit(key)
         # Retry-After is whole seconds; below 1 s a client would just hammer the queue.
         return max(1.0, min(estimate, self._queue_timeout))

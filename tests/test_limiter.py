@@ -75,7 +75,7 @@ def test_a_full_queue_refuses_at_once():
     f.acquire(), f.acquire()
     refused = f.acquire()
     assert isinstance(refused.error, QueueFull)
-    assert refused.error.retry_after == 90  # nothing finished yet: no better estimate
+    assert refused.error.retry_after == 90  # nothing finished yet: 30 s a slot x 3 in line
     assert f.limiter.queued(H, M) == 2
 
 
@@ -257,6 +257,13 @@ def test_retry_after_estimates_the_wait_from_hold_times():
     refused = f.acquire()
     assert isinstance(refused.error, QueueFull)
     assert refused.error.retry_after == pytest.approx(20 * 3 / 2)
+
+
+def test_before_any_slot_was_released_the_hint_guesses_thirty_seconds_a_slot():
+    f = Fixture(parallel=2, queue_max=1, queue_timeout=600)
+    f.acquire(), f.acquire(), f.acquire()  # two hold the slots, one waits
+    refused = f.acquire()
+    assert refused.error.retry_after == pytest.approx(30 * 2 / 2)
 
 
 def test_retry_after_is_at_least_a_second_and_at_most_queue_timeout():
