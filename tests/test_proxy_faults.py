@@ -95,3 +95,34 @@ async def test_a_host_that_hangs_before_headers_gets_504_after_the_idle_timeout(
         assert crossbar.app.hosts.healthy("titan")
     finally:
         await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_that_times_out_connecting_is_marked_down_and_the_request_moves():
+    import socket
+
+    # A listening socket whose backlog is full drops new SYNs: connecting to it times out.
+    blackhole = socket.socket()
+    blackhole.bind(("127.0.0.1", 0))
+    blackhole.listen(0)
+    filler = socket.create_connection(blackhole.getsockname())
+    fakes = await start_fakes("atlas")
+    hosts = {
+        "titan": {"url": f"http://127.0.0.1:{blackhole.getsockname()[1]}", "models": [MODEL]},
+        "atlas": {"url": fakes["atlas"].url, "models": [MODEL]},
+    }
+    crossbar = await start_crossbar(
+        fakes, TWO, server={"upstream_connect_timeout": "300ms"}, hosts=hosts
+    )
+    try:
+        response, _ = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
+        assert response.code == 200
+        assert response.headers.getRawHeaders("X-Crossbar-Host") == ["atlas"]
+        assert not crossbar.app.hosts.healthy("titan")
+        events = await crossbar.app.store.list_events(route="convo")
+        newest = events[0]
+        assert (newest.reason, newest.from_host, newest.to_host) == ("unhealthy", "titan", "atlas")
+    finally:
+        await crossbar.stop()
+        filler.close()
+        blackhole.close()
