@@ -150,7 +150,7 @@ class ProxyResource(Resource):
         )
         route = target.route
         ex.route, ex.path = route.name, target.path
-        check_key(route, header("Authorization"))
+        check_key(route, header("Authorization"), header("X-Api-Key"))
         kind = kind_of(method, target.path)
         if kind is None:
             raise not_found(f"crossbar does not serve {method} {target.path}")

@@ -13,8 +13,11 @@ from crossbar.errors import ClientError, error_body
 from crossbar.forward import Relay, hop_by_hop
 
 # Never forwarded upstream: recomputed (Host, Content-Length), the client's own credentials
-# (the host's api_key replaces them), and Accept-Encoding so the body stays readable for usage.
-_DROP_REQUEST = frozenset({b"host", b"content-length", b"authorization", b"accept-encoding"})
+# (the host's api_key replaces them; x-api-key is how Anthropic's SDKs send theirs), and
+# Accept-Encoding so the body stays readable for usage.
+_DROP_REQUEST = frozenset(
+    {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding"}
+)
 
 
 @define

@@ -103,13 +103,16 @@ def split_route(config: Config, raw_path: str, query: str, header: str | None) -
     return Target(route, path, query)
 
 
-def check_key(route: Route, authorization: str | None) -> None:
-    """A route with `keys` needs `Authorization: Bearer <one of them>` (constant-time compare)."""
+def check_key(route: Route, authorization: str | None, api_key: str | None = None) -> None:
+    """A route with `keys` needs `Authorization: Bearer <one of them>` (constant-time compare);
+    the `x-api-key` header that Anthropic's SDKs send is taken too."""
     if not route.keys:
         return
     given = b""
     if authorization and authorization[:7].lower() == "bearer ":
         given = authorization[7:].strip().encode()
+    elif api_key:
+        given = api_key.strip().encode()
     found = False
     for key in route.keys:
         # Compare against every key so the time taken says nothing about which one matched.

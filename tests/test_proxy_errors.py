@@ -83,6 +83,20 @@ async def test_bad_input_gets_an_openai_error_body(
 
 
 @pytest_twisted.ensureDeferred
+async def test_an_anthropic_style_x_api_key_opens_a_locked_route_too(crossbar):
+    for key, code in (("k-123", 200), ("wrong", 401)):
+        response = await wait(
+            crossbar.client().post(
+                crossbar.url("locked", "/v1/chat/completions"),
+                data=CHAT,
+                headers={"X-Api-Key": key},
+            )
+        )
+        await response.content()
+        assert response.code == code
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_good_key_opens_a_locked_route_and_is_never_forwarded(crossbar):
     response = await wait(
         crossbar.client().post(

@@ -73,6 +73,7 @@ async def test_headers_across_the_proxy_follow_rfc_9110_and_swap_credentials():
                     "Proxy-Authorization": "Basic abc",
                     "X-Forwarded-For": "10.1.1.1",
                     "X-Custom": "passes",
+                    "X-Api-Key": "anthropic-style-client-key",
                 },
             )
         )
@@ -81,6 +82,7 @@ async def test_headers_across_the_proxy_follow_rfc_9110_and_swap_credentials():
         (seen,) = recorder.seen
         headers = seen["headers"]
         assert headers["authorization"] == ["Bearer host-key"]
+        assert "x-api-key" not in headers  # a client credential, however it is sent
         for hop in ("x-client-hop", "keep-alive", "te", "proxy-authorization"):
             assert hop not in headers
         assert headers["x-custom"] == ["passes"]
