@@ -212,6 +212,26 @@ class Store:
 # -- in the pool's thread ------------------------------------------------------------------
 
 
+def check(path: str) -> str | None:
+    """Open and migrate the database once, synchronously, before the reactor runs (twistd's
+    start-up): why it cannot be used, as Store.open would say it, or None."""
+    if path == ":memory:":
+        return None
+    try:
+        conn = sqlite3.connect(path, isolation_level=None)
+    except sqlite3.Error as e:
+        return _diagnose(path, e)
+    try:
+        _init(conn, memory=False)
+        _migrate(conn)
+        conn.execute("COMMIT")
+    except Exception as e:
+        return _diagnose(path, e)
+    finally:
+        conn.close()
+    return None
+
+
 def _init(conn: sqlite3.Connection, memory: bool) -> None:
     """Set up each new connection (adbapi's cp_openfun)."""
     try:

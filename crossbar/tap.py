@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import sqlite3
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from twisted.application.service import IService
 from twisted.python import usage
 
-from crossbar.config import Config, ConfigError, load_config
+from crossbar import store
+from crossbar.config import ConfigError, load_config
 
 
 class Options(usage.Options):
@@ -23,49 +24,24 @@ class Options(usage.Options):
         self["config"] = str(Path(self["config"]).absolute())
 
 
-def _die(lines: list[str], what: str) -> None:
+def _die(lines: list[str], what: str) -> NoReturn:
     for line in lines:
         print(line, file=sys.stderr)
     print(f"crossbar: {what}; not starting", file=sys.stderr)
     raise SystemExit(2)
 
 
-def check_store(path: str) -> str | None:
-    """Open the SQLite file once before the reactor runs, for a clear error at start.
-
-    Returns the problem in words, or None when the file can be opened and written.
-    """
-    if path == ":memory:":
-        return None
-    p = Path(path)
-    if not p.parent.is_dir():
-        return f"server.db: directory {str(p.parent)!r} does not exist"
-    try:
-        conn = sqlite3.connect(path, timeout=2)
-        try:
-            conn.execute("PRAGMA schema_version").fetchone()
-            conn.execute("BEGIN IMMEDIATE")
-            conn.rollback()
-        finally:
-            conn.close()
-    except sqlite3.DatabaseError as e:
-        return f"server.db: cannot use {path!r} as a SQLite database: {e}"
-    return None
-
-
 def makeService(options: Options) -> IService:
     """Load and validate the config and the store path, then build crossbar's service."""
     from crossbar.service import make_service
 
-    config: Config | None = None
     try:
         config = load_config(options["config"])
     except ConfigError as e:
         _die(e.errors, f"{len(e.errors)} config error(s)")
-    assert config is not None
-    problem = check_store(config.server.db)
+    problem = store.check(config.server.db)
     if problem:
-        _die([problem], "the store cannot be opened")
+        _die([f"server.db: cannot open the store {config.server.db}: {problem}"], "no store")
     from crossbar.admin import admin_site
 
     return make_service(config, admin_factory=admin_site)

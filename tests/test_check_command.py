@@ -109,3 +109,52 @@ def test_twistd_refuses_a_bad_config_with_its_errors_and_no_traceback(tmp_path):
     assert result.returncode != 0
     assert 'routes.convo.hosts: unknown host "tytan"' in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+GOOD = """
+[server]
+db = "{db}"
+[hosts.titan]
+url = "http://127.0.0.1:1"
+models = ["qwen-coder"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("make_db", "reason"),
+    [
+        (lambda d: d / "missing" / "c.db", "does not exist"),
+        (
+            lambda d: (d / "c.db").write_text("not sqlite at all " * 100) and d / "c.db",
+            "not a SQLite database",
+        ),
+        (lambda d: d, "it is a directory"),
+    ],
+    ids=["missing-directory", "not-a-database", "a-directory"],
+)
+def test_twistd_refuses_a_store_it_cannot_use_in_one_line(tmp_path, make_db, reason):
+    db = make_db(tmp_path)
+    config = tmp_path / "c.toml"
+    config.write_text(GOOD.format(db=db))
+    twistd = str(pathlib.Path(sys.executable).parent / "twistd")
+    result = subprocess.run(
+        [twistd, "--nodaemon", "--pidfile=", "crossbar", "-c", str(config)],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"server.db: cannot open the store {db}: " in result.stderr
+    assert reason in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_a_usable_store_file_is_created_and_migrated_by_the_start_check(tmp_path):
+    from crossbar import store
+
+    db = tmp_path / "c.db"
+    assert store.check(str(db)) is None
+    assert store.check(str(db)) is None  # and opened again without a change
+    assert db.stat().st_size > 0
