@@ -10,6 +10,8 @@ from twisted.internet.defer import ensureDeferred
 from twisted.logger import Logger
 
 from crossbar.config import Config
+from crossbar.guard import ContextGuard
+from crossbar.ids import IdMemory
 from crossbar.lease import UnknownHost
 from crossbar.records import UsageRow
 
@@ -38,8 +40,8 @@ class App:
     hosts: Any
     limiter: Any
     upstream: Any
-    ids: Any = None  # completion/response id -> host memory
-    guard: Any = None  # the context guard
+    ids: IdMemory  # completion/response id -> host memory
+    guard: ContextGuard
     observers: list[Callable[[UsageRow], None]] = field(factory=list)
 
     async def pin(self, route: str, host: str) -> None:

@@ -211,7 +211,7 @@ class ProxyResource(Resource):
             acquired = await self._place(call, failed)
             ex.host = host = acquired.host
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
-            if call.kind is Kind.INFERENCE and app.guard is not None:
+            if call.kind is Kind.INFERENCE:
                 await self._guard(call, host)
             release = await self._slot(call, host, ex)
             if host not in app.config.hosts:  # a reload removed it while we waited
@@ -324,7 +324,7 @@ class ProxyResource(Resource):
             error=ex.error,
         )
         app.record(row)
-        if tokens and tokens.prompt and ex.chars and app.guard is not None:
+        if tokens and tokens.prompt and ex.chars:
             app.guard.learn(ex.model, ex.chars, tokens.prompt)
         if ex.meter is not None and ex.meter.ids and not ex.remembered:
             app.ids.remember(ex.meter.ids, ex.host, ex.fp, now)

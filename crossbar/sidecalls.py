@@ -18,7 +18,7 @@ RESPONSES = "/v1/responses"
 def named_origin(app: Any, path: str, body: Any, now: float) -> Origin | None:
     """The remembered completion a request names: a control call's `id`, or a Responses call's
     `previous_response_id`."""
-    if not isinstance(body, dict) or app.ids is None:
+    if not isinstance(body, dict):
         return None
     if path == CONTROL:
         name = body.get("id")

@@ -128,7 +128,8 @@ class Running:
 
     async def stop(self) -> None:
         await self._pool.closeCachedConnections()
-        await wait(self.service.stopService())
+        if self.service.running:  # a test may have stopped it itself
+            await wait(self.service.stopService())
         for fake in self.fakes.values():
             await fake.stop()
 

@@ -4,58 +4,26 @@ import json
 
 import pytest
 import pytest_twisted
-from treq.client import HTTPClient
-from twisted.internet import reactor
-from twisted.web.client import Agent, HTTPConnectionPool
+import treq
 
-from crossbar.config import ConfigError, load_config
-from crossbar.service import make_service
-from tests.harness import MODEL, start_fakes, wait
+from crossbar.config import ConfigError
+from tests.admin_harness import start_service, write_config
+from tests.harness import MODEL, host_table, start_fakes, wait
 
 
-def write_config(path, fakes, hosts, route_hosts, db, **server):
-    lines = [
-        "[server]",
-        'listen = "tcp:0:interface=127.0.0.1"',
-        f'db = "{db}"',
-        'health_interval = "1s"',
-        *(f"{k} = {json.dumps(v)}" for k, v in server.items()),
-    ]
-    for name in hosts:
-        lines += [f"[hosts.{name}]", f'url = "{fakes[name].url}"', f'models = ["{MODEL}"]']
-    lines += ["[routes.convo]", f"hosts = {json.dumps(route_hosts)}"]
-    path.write_text("\n".join(lines) + "\n")
-    return load_config(path)
+def routes(*hosts: str) -> dict:
+    return {"convo": {"hosts": list(hosts)}}
 
 
-class Running:
-    def __init__(self, service):
-        self.service = service
-        self.pool = HTTPConnectionPool(reactor, persistent=False)
-        self.http = HTTPClient(Agent(reactor, pool=self.pool))
-
-    @property
-    def url(self):
-        return f"http://127.0.0.1:{self.service.proxy_port.getHost().port}/r/convo"
-
-    async def chat(self, text, **extra):
-        body = {"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}
-        response = await wait(
-            self.http.post(self.url + "/v1/chat/completions", data=json.dumps(body).encode())
+async def chat(running, text: str, **extra):
+    """(response, raw body) of one chat turn on route convo."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], **extra}
+    response = await wait(
+        running.http().post(
+            f"{running.proxy_url}/r/convo/v1/chat/completions", data=json.dumps(body).encode()
         )
-        return response, await response.content()
-
-    async def stop(self):
-        await self.pool.closeCachedConnections()
-        if self.service.running:
-            await self.service.stopService()
-
-
-async def start(config):
-    service = make_service(config, reactor)
-    service.startService()
-    await wait(service.ready)
-    return Running(service)
+    )
+    return response, await wait(response.content())
 
 
 def host_of(response):
@@ -67,34 +35,27 @@ async def test_a_restart_keeps_every_conversation_on_its_host_even_with_a_new_pr
     tmp_path,
 ):
     fakes = await start_fakes("titan", "atlas", "nova")
-    db = tmp_path / "crossbar.db"
+    db = {"db": str(tmp_path / "crossbar.db")}
+    before = {name: fakes[name] for name in ("titan", "atlas")}
     try:
-        first = await start(
-            write_config(tmp_path / "a.toml", fakes, ["titan", "atlas"], ["titan", "atlas"], db)
-        )
+        path = write_config(tmp_path / "a.toml", before, routes("titan", "atlas"), server=db)
+        first = await start_service(path, {})  # the fakes outlive both services
         homes = {}
         for name in ("alpha", "beta"):
-            response, _ = await first.chat(f"conversation {name}")
+            response, _ = await chat(first, f"conversation {name}")
             homes[name] = host_of(response)
         assert set(homes.values()) == {"titan", "atlas"}
         await first.stop()
 
         # nova is new, first in preference order and idle: the chooser would pick it.
-        second = await start(
-            write_config(
-                tmp_path / "b.toml",
-                fakes,
-                ["titan", "atlas", "nova"],
-                ["nova", "titan", "atlas"],
-                db,
-            )
-        )
+        path = write_config(tmp_path / "b.toml", fakes, routes("nova", "titan", "atlas"), server=db)
+        second = await start_service(path, {})
         try:
             for name, home in homes.items():
-                response, _ = await second.chat(f"conversation {name}")
+                response, _ = await chat(second, f"conversation {name}")
                 assert host_of(response) == home
                 assert response.headers.getRawHeaders("X-Crossbar-Lease") == ["reused"]
-            response, _ = await second.chat("a brand new conversation")
+            response, _ = await chat(second, "a brand new conversation")
             assert host_of(response) == "nova"
         finally:
             await second.stop()
@@ -106,23 +67,22 @@ async def test_a_restart_keeps_every_conversation_on_its_host_even_with_a_new_pr
 @pytest_twisted.ensureDeferred
 async def test_hosts_are_probed_and_discovered_before_the_port_opens(tmp_path):
     fakes = await start_fakes("titan", parallel=3, ctx=2048)
-    running = await start(
-        write_config(tmp_path / "c.toml", fakes, ["titan"], ["titan"], ":memory:")
-    )
+    # No parallel or ctx in the config: both must come from /props before traffic.
+    path = write_config(tmp_path / "c.toml", fakes, routes("titan"), hosts=host_table(fakes))
+    running = await start_service(path, fakes)
     try:
-        hosts = running.service.app.hosts
+        hosts = running.app.hosts
         assert (hosts.parallel("titan", MODEL), hosts.ctx("titan", MODEL)) == (3, 2048)
         assert fakes["titan"].counters.requests["/health"] >= 1
     finally:
         await running.stop()
-        await fakes["titan"].stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_reload_with_a_bad_file_is_refused_and_the_old_config_keeps_serving(tmp_path):
     fakes = await start_fakes("titan", "atlas")
-    path = tmp_path / "d.toml"
-    running = await start(write_config(path, fakes, ["titan"], ["titan"], ":memory:"))
+    path = write_config(tmp_path / "d.toml", fakes, routes("titan"))
+    running = await start_service(path, fakes)
     try:
         path.write_text(path.read_text() + '\n[routes.broken]\nhosts = ["tytan"]\naffinity = "x"\n')
         with pytest.raises(ConfigError) as info:
@@ -131,87 +91,79 @@ async def test_a_reload_with_a_bad_file_is_refused_and_the_old_config_keeps_serv
             'routes.broken.affinity: must be "conversation" or "route"',
             'routes.broken.hosts: unknown host "tytan"',
         ]
-        response, _ = await running.chat("still serving?")
+        response, _ = await chat(running, "still serving?")
         assert response.code == 200 and host_of(response) == "titan"
 
-        write_config(path, fakes, ["titan", "atlas"], ["atlas"], ":memory:")
+        write_config(path, fakes, routes("atlas"))
         await running.service.reload()
-        response, _ = await running.chat("a new conversation after a good reload")
+        response, _ = await chat(running, "a new conversation after a good reload")
         assert host_of(response) == "atlas"
     finally:
         await running.stop()
-        for fake in fakes.values():
-            await fake.stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_reload_that_removes_a_host_drops_its_leases_with_reason_config(tmp_path):
     fakes = await start_fakes("titan", "atlas")
-    path = tmp_path / "e.toml"
-    running = await start(
-        write_config(path, fakes, ["titan", "atlas"], ["titan", "atlas"], ":memory:")
-    )
+    path = write_config(tmp_path / "e.toml", fakes, routes("titan", "atlas"))
+    running = await start_service(path, fakes)
     try:
-        response, _ = await running.chat("lives on titan")
+        response, _ = await chat(running, "lives on titan")
         assert host_of(response) == "titan"
-        write_config(path, fakes, ["atlas"], ["atlas"], ":memory:")
+        write_config(path, fakes, routes("atlas"), hosts=host_table({"atlas": fakes["atlas"]}))
         notes = await running.service.reload()
         assert any("titan" in note for note in notes)
-        app = running.service.app
+        app = running.app
         assert app.table.snapshot() == []
         events = await app.store.list_events(route="convo")
         assert events[0].reason == "config" and events[0].from_host == "titan"
-        response, _ = await running.chat("lives on titan")
+        response, _ = await chat(running, "lives on titan")
         assert host_of(response) == "atlas"
     finally:
         await running.stop()
-        for fake in fakes.values():
-            await fake.stop()
+
+
+async def start_stream(running, max_tokens: int):
+    body = {"model": MODEL, "stream": True, "max_tokens": max_tokens}
+    body["messages"] = [{"role": "user", "content": "a long answer please"}]
+    response = await wait(
+        running.http().post(
+            f"{running.proxy_url}/r/convo/v1/chat/completions", data=json.dumps(body).encode()
+        )
+    )
+    return response.content()
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_graceful_stop_lets_a_running_stream_finish_and_refuses_new_clients(tmp_path):
     fakes = await start_fakes("titan", tokens_per_second=40)
-    running = await start(
-        write_config(
-            tmp_path / "f.toml", fakes, ["titan"], ["titan"], ":memory:", shutdown_grace="10s"
-        )
+    path = write_config(
+        tmp_path / "f.toml", fakes, routes("titan"), server={"shutdown_grace": "10s"}
     )
+    running = await start_service(path, fakes)
     try:
-        body = {"model": MODEL, "stream": True, "max_tokens": 12}
-        body["messages"] = [{"role": "user", "content": "a long answer please"}]
-        response = await wait(
-            running.http.post(running.url + "/v1/chat/completions", data=json.dumps(body).encode())
-        )
-        port = running.service.proxy_port.getHost().port
+        text = await start_stream(running, max_tokens=12)
+        health = f"{running.proxy_url}/r/convo/health"
         assert fakes["titan"].counters.completions == []  # still streaming as the stop begins
-        text = response.content()
         await wait(running.service.stopService(), 20)
         (completion,) = fakes["titan"].counters.completions
         assert completion.outcome == "done"  # the stop waited for it
         assert (await wait(text)).rstrip().endswith(b"data: [DONE]")
         with pytest.raises(Exception):  # noqa: B017 - any refusal will do
-            await wait(running.http.get(f"http://127.0.0.1:{port}/r/convo/health"), 5)
+            await wait(treq.get(health, persistent=False), 5)
     finally:
         await running.stop()
-        await fakes["titan"].stop()
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_stop_past_the_grace_period_aborts_what_is_left(tmp_path):
     fakes = await start_fakes("titan", tokens_per_second=5)
-    running = await start(
-        write_config(
-            tmp_path / "g.toml", fakes, ["titan"], ["titan"], ":memory:", shutdown_grace="200ms"
-        )
+    path = write_config(
+        tmp_path / "g.toml", fakes, routes("titan"), server={"shutdown_grace": "200ms"}
     )
+    running = await start_service(path, fakes)
     try:
-        body = {"model": MODEL, "stream": True, "max_tokens": 200}
-        body["messages"] = [{"role": "user", "content": "never finishes in time"}]
-        response = await wait(
-            running.http.post(running.url + "/v1/chat/completions", data=json.dumps(body).encode())
-        )
-        text = response.content()
+        text = await start_stream(running, max_tokens=200)
         await wait(running.service.stopService(), 10)
         with pytest.raises(Exception):  # noqa: B017 - the body is cut
             await wait(text, 5)
@@ -220,4 +172,3 @@ async def test_a_stop_past_the_grace_period_aborts_what_is_left(tmp_path):
         assert completion.outcome == "aborted"
     finally:
         await running.stop()
-        await fakes["titan"].stop()
