@@ -101,3 +101,17 @@ def test_a_json_body_too_large_to_keep_is_relayed_without_usage():
     meter.feed(b'"usage": {"prompt_tokens": 1}}')
     meter.finish()
     assert (meter.tokens.prompt, meter.ids) == (0, [])
+
+
+def test_a_large_json_body_gives_its_usage_without_being_parsed_whole():
+    body = {
+        "object": "list",
+        "data": [{"embedding": [0.25] * 1024, "index": i} for i in range(100)],
+        "usage": {"prompt_tokens": 5000, "prompt_tokens_details": {"cached_tokens": 10}},
+        "timings": {"cache_n": 10, "prompt_n": 4990, "predicted_n": 0},
+    }
+    raw = json.dumps(body).encode()
+    assert len(raw) > 256 * 1024
+    meter = fed(Meter(stream=False), raw, size=65536)
+    meter.finish()
+    assert (meter.tokens.prompt, meter.tokens.cached, meter.tokens.completion) == (5000, 10, 0)
