@@ -4,7 +4,6 @@ LLAMA_MODEL name the binary and a GGUF file; shared/tools/get-llama-server.sh bu
 import json
 import os
 import signal
-import socket
 import subprocess
 
 import pytest
@@ -14,6 +13,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
+from crossbar.demo.launch import free_ports
 from tests.harness import MODEL, start_crossbar, wait
 
 SERVER, GGUF = os.environ.get("LLAMA_SERVER", ""), os.environ.get("LLAMA_MODEL", "")
@@ -25,17 +25,11 @@ ARGS = ["-np", "2", "-c", "8192", "-t", "1", "--alias", MODEL]  # 2 slots of 409
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Llama:
     """One real llama-server process on a free port."""
 
     def __init__(self):
-        self.port = free_port()
+        (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen(
             [SERVER, "-m", GGUF, "--host", "127.0.0.1", "--port", str(self.port), *ARGS],

@@ -4,7 +4,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 
@@ -13,15 +12,10 @@ import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
+from crossbar.demo.launch import free_ports
 from tests.harness import MODEL, start_fakes, wait
 
 TWISTD = str(pathlib.Path(sys.executable).parent / "twistd")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config_text(port: int, admin: int, db: pathlib.Path, url: str, routes: list[str]) -> str:
@@ -78,7 +72,7 @@ async def exited(process: subprocess.Popen, deadline: float = 30.0) -> int:
 @pytest_twisted.ensureDeferred
 async def test_twistd_serves_reloads_on_sighup_and_stops_gracefully_on_sigterm(tmp_path):
     fakes = await start_fakes("titan", tokens_per_second=20)
-    port, admin = free_port(), free_port()
+    port, admin = free_ports(2)
     path, log = tmp_path / "crossbar.toml", tmp_path / "crossbar.log"
     path.write_text(config_text(port, admin, tmp_path / "c.db", fakes["titan"].url, ["convo"]))
     base = f"http://127.0.0.1:{port}/r"
