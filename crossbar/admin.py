@@ -1,8 +1,8 @@
 """The admin API, /metrics and the dashboard (SPEC §10): a Klein app on `server.admin_listen`.
 
-JSON in and out; every error is crossbar's OpenAI-style body. The app holds the service, not
-its parts, so it always sees the current config after a reload. Who may call it:
-`crossbar.admin_auth`.
+JSON in and out; every error is crossbar's OpenAI-style body. It is given the parts it reads
+and steers (the table, hosts, limiter, store, metrics) and the service's `reload`; a reload
+hands it the new config. Who may call it: `crossbar.admin_auth`.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 from attrs import asdict
 from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.server import Site
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from crossbar import admin_auth
@@ -27,14 +27,14 @@ from crossbar.admin_views import (
     since_arg,
     usage_series_args,
 )
-from crossbar.app import UnknownRoute
-from crossbar.config import ConfigError
-from crossbar.errors import ClientError, bad_request, error_body, not_found
-from crossbar.hosts import UnknownHost as NoSuchHost
-from crossbar.lease import UnknownHost
-from crossbar.metrics import CONTENT_TYPE_LATEST
-from crossbar.site import ProxySite
-from crossbar.store import USAGE_GROUPS
+from crossbar.config import Config, ConfigError
+from crossbar.errors import ClientError, bad_request, not_found
+from crossbar.hosts import Hosts, NoSuchHost
+from crossbar.inbound import json_object
+from crossbar.lease import Table
+from crossbar.limiter import Limiter
+from crossbar.metrics import CONTENT_TYPE_LATEST, Metrics
+from crossbar.store import USAGE_GROUPS, Store
 
 log = Logger(namespace="crossbar.admin")
 MAX_BODY = 64 * 1024  # admin requests are small JSON objects
@@ -42,6 +42,7 @@ MAX_EVENTS = 1000
 _INTERNAL = ClientError(500, "api_error", "the admin API failed on this request; see the log")
 
 Handler = Callable[..., Awaitable[Any]]
+Reload = Callable[[], Awaitable[list[str]]]
 
 
 class ReloadRefused(Exception):
@@ -79,35 +80,45 @@ def _arg(request: Any, name: str) -> str | None:
 def _body(request: Any) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 saying what is wrong with it."""
     raw = request.content.read() if request.content is not None else b""
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise bad_request(f"the body is not valid JSON: {e}") from None
-    if not isinstance(body, dict):
-        raise bad_request(f"the body must be a JSON object, not {type(body).__name__}")
-    return body
+    return json_object(raw, what="the body")
 
 
 class Admin:
-    """The admin Klein app of one crossbar service (`.app`, `.config`, `.metrics`, `reload`)."""
+    """The admin Klein app of one crossbar service."""
 
     app = Klein()
 
-    def __init__(self, service: Any) -> None:
-        self.service = service
+    def __init__(
+        self,
+        config: Config,
+        clock: IReactorTime,
+        table: Table,
+        hosts: Hosts,
+        limiter: Limiter,
+        store: Store,
+        metrics: Metrics,
+        reload: Reload,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._table = table
+        self._hosts = hosts
+        self._limiter = limiter
+        self._store = store
+        self._metrics = metrics
+        self._reload = reload
 
-    @property
-    def crossbar(self) -> Any:
-        """The service's App: config, table, hosts, limiter, store, clock."""
-        return self.service.app
+    def reconfigure(self, config: Config) -> None:
+        """The reloaded config: its token, routes and hosts from the next request on."""
+        self.config = config
 
     def now(self) -> float:
-        """The app clock's time (seconds since the epoch)."""
-        return self.crossbar.clock.seconds()
+        """The clock's time (seconds since the epoch)."""
+        return self._clock.seconds()
 
     def authorize(self, request: Any) -> None:
         """Raise a 401/403 ClientError unless the caller may use the API."""
-        admin_auth.check(request, self.crossbar.config.server.admin_token)
+        admin_auth.check(request, self.config.server.admin_token)
 
     def resource(self) -> Any:
         """The Klein resource to serve."""
@@ -120,22 +131,22 @@ class Admin:
     async def leases(self, request: Any) -> dict[str, Any]:
         """GET /api/leases?route=: the lease snapshot (pins excluded)."""
         now = self.now()
-        leases = self.crossbar.table.snapshot(route=_arg(request, "route"))
+        leases = self._table.snapshot(route=_arg(request, "route"))
         return {"leases": [lease_row(lease, now) for lease in leases]}
 
     @app.route("/api/routes", methods=["GET"])
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
         """GET /api/routes: configured and seen routes, pins, lease counts."""
-        usage = await self.crossbar.store.usage_totals("route")
-        return {"routes": route_rows(self.crossbar, usage)}
+        usage = await self._store.usage_totals("route")
+        return {"routes": route_rows(self.config, self._table, usage)}
 
     @app.route("/api/routes/<route>/leases", methods=["DELETE"])
     @api
     async def release(self, request: Any, route: str) -> dict[str, Any]:
         """DELETE /api/routes/<route>/leases: drop the route's leases."""
         self._known_route(route)
-        released = await self.crossbar.table.release(route, self.now())
+        released = await self._table.release(route, self.now())
         log.info("admin: released {n} leases of route {route}", n=released, route=route)
         return {"route": route, "released": released}
 
@@ -146,28 +157,29 @@ class Admin:
         host = _body(request).get("host")
         if not isinstance(host, str) or not host:
             raise bad_request('give the host to pin to as {"host": "<name>"}')
-        app = self.crossbar
-        try:
-            await app.pin(route, host)
-        except UnknownRoute:
-            raise not_found(f"no route or template serves {route!r}") from None
-        except UnknownHost:
-            hosts = ", ".join(app.config.route(route).hosts)
+        resolved = self.config.route(route)
+        if resolved is None:
+            raise not_found(f"no route or template serves {route!r}")
+        if host not in resolved.hosts:
+            # Only the route's configured host names: a pin never sends a route somewhere its
+            # config does not allow.
             raise ClientError(
                 409,
                 "invalid_request_error",
-                f"host {host!r} is not one of route {route!r}'s hosts ({hosts}); "
-                "pin to one of those by name",
-            ) from None
+                f"host {host!r} is not one of route {route!r}'s hosts "
+                f"({', '.join(resolved.hosts)}); pin to one of those by name",
+            )
+        self._table.note_candidates(route, resolved.hosts)
+        await self._table.pin(route, host, self.now())
         log.info("admin: route {route} pinned to {host}", route=route, host=host)
-        return {"route": route, "pinned": host, "healthy": app.hosts.healthy(host)}
+        return {"route": route, "pinned": host, "healthy": self._hosts.healthy(host)}
 
     @app.route("/api/routes/<route>/pin", methods=["DELETE"])
     @api
     async def unpin(self, request: Any, route: str) -> dict[str, Any]:
         """DELETE /api/routes/<route>/pin: remove the pin; the leases stay."""
         self._known_route(route)
-        table = self.crossbar.table
+        table = self._table
         previous = table.pinned(route)
         await table.unpin(route, self.now())
         if previous is not None:
@@ -176,10 +188,9 @@ class Admin:
 
     def _known_route(self, route: str) -> None:
         """404 unless the config serves `route` or it still holds leases or a pin."""
-        app = self.crossbar
-        table = app.table
+        table = self._table
         if (
-            app.config.route(route) is None
+            self.config.route(route) is None
             and not table.snapshot(route)
             and not table.pinned(route)
         ):
@@ -191,13 +202,13 @@ class Admin:
     @api
     async def hosts(self, request: Any) -> dict[str, Any]:
         """GET /api/hosts: health, draining, and slots per model."""
-        return {"hosts": host_rows(self.crossbar)}
+        return {"hosts": host_rows(self._hosts, self._limiter, self._table)}
 
     @app.route("/api/hosts/<name>/drain", methods=["POST", "DELETE"])
     @api
     async def drain(self, request: Any, name: str) -> dict[str, Any]:
         """POST (drain) or DELETE (undrain) /api/hosts/<name>/drain."""
-        hosts = self.crossbar.hosts
+        hosts = self._hosts
         try:
             if request.method == b"POST":
                 await hosts.drain(name)
@@ -221,7 +232,7 @@ class Admin:
             limit = -1
         if not 0 < limit <= MAX_EVENTS:
             raise bad_request(f"limit: give a whole number from 1 to {MAX_EVENTS}, not {text!r}")
-        found = await self.crossbar.store.list_events(
+        found = await self._store.list_events(
             route=_arg(request, "route"), since=since, limit=limit
         )
         return {"events": [asdict(e) for e in found]}
@@ -234,7 +245,7 @@ class Admin:
         if by not in USAGE_GROUPS:
             raise bad_request(f"by: must be one of {', '.join(USAGE_GROUPS)}, not {by!r}")
         since = since_arg(_arg(request, "since"), self.now())
-        rows = await self.crossbar.store.usage_totals(by, since)
+        rows = await self._store.usage_totals(by, since)
         for row in rows:
             prompt = row["prompt_tokens"] or 0
             row["cache_hit_ratio"] = (row["cached_tokens"] or 0) / prompt if prompt else None
@@ -247,7 +258,7 @@ class Admin:
         since, bucket = usage_series_args(
             _arg(request, "since"), _arg(request, "bucket"), self.now()
         )
-        series = await self.crossbar.store.usage_series(since, bucket)
+        series = await self._store.usage_series(since, bucket)
         return {"since": since, "bucket": bucket, "now": self.now(), "series": series}
 
     # -- the service
@@ -257,27 +268,24 @@ class Admin:
     async def reload(self, request: Any) -> dict[str, Any]:
         """POST /api/reload: read the config file again; a bad one is refused (400)."""
         try:
-            notes = await self.service.reload()
+            notes = await self._reload()
         except ConfigError as e:
             raise ReloadRefused(e.errors) from None
-        return {"reloaded": True, "path": self.crossbar.config.path, "notes": notes}
+        return {"reloaded": True, "path": self.config.path, "notes": notes}
 
     @app.route("/metrics", methods=["GET"])
     async def metrics(self, request: Any) -> bytes:
         """GET /metrics: Prometheus text, behind the same auth as the API."""
         self.authorize(request)
-        metrics = getattr(self.service, "metrics", None)
-        if metrics is None:
-            raise ClientError(503, "unavailable_error", "metrics are not attached to this app")
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode())
-        return metrics.render()
+        return self._metrics.render()
 
     @app.route("/", methods=["GET"])
     async def dashboard(self, request: Any) -> bytes:
         """GET /: the dashboard page (package data, no external assets)."""
         # The page holds no data (it fetches the API with the token it is given), so with a
         # token set anyone may load it; without one, the loopback rule applies as to the API.
-        if not self.crossbar.config.server.admin_token:
+        if not self.config.server.admin_token:
             admin_auth.check_local(request)
         page = resources.files("crossbar").joinpath("static/dashboard.html").read_bytes()
         request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
@@ -299,14 +307,10 @@ class Admin:
     @app.handle_errors(ReloadRefused)
     def _reload_refused(self, request: Any, failure: Any) -> bytes:
         errors = failure.value.errors
-        body = json.loads(
-            error_body(
-                400,
-                "invalid_request_error",
-                f"the config file has {len(errors)} error(s); the old config stays: "
-                + "; ".join(errors),
-            )
-        )
+        body = bad_request(
+            f"the config file has {len(errors)} error(s); the old config stays: "
+            + "; ".join(errors)
+        ).payload()
         body["error"]["errors"] = errors
         return _json(request, 400, body)
 
@@ -340,8 +344,3 @@ class Admin:
         for name, value in error.headers.items():
             request.setHeader(name.encode(), value.encode())
         return error.body()
-
-
-def admin_site(service: Any) -> Site:
-    """The Site that CrossbarService listens with on `server.admin_listen`."""
-    return ProxySite(Admin(service).resource(), max_body=MAX_BODY, reactor=service.app.clock)

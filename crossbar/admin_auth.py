@@ -17,25 +17,16 @@ from urllib.parse import urlsplit
 
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 
-from crossbar.errors import ClientError
+from crossbar.errors import forbidden, unauthorized
+from crossbar.inbound import bearer
 
 _SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
-
-
-def unauthorized(message: str) -> ClientError:
-    """401, asking for a bearer token."""
-    return ClientError(401, "authentication_error", message, headers={"WWW-Authenticate": "Bearer"})
-
-
-def forbidden(message: str) -> ClientError:
-    """403: this caller may not use the admin API whatever it sends."""
-    return ClientError(403, "permission_error", message)
 
 
 def check(request: Any, token: str) -> None:
     """Raise a 401 or 403 ClientError unless `request` may use the admin API."""
     if token:
-        presented = bearer(request)
+        presented = bearer(_header(request, b"authorization"))
         if presented is None:
             raise unauthorized("the admin API needs an Authorization: Bearer <admin_token> header")
         if not hmac.compare_digest(presented.encode(), token.encode()):
@@ -62,17 +53,6 @@ def check_local(request: Any) -> None:
     if request.method not in _SAFE_METHODS and origin is not None:
         if origin == "null" or urlsplit(origin).netloc.lower() != (host or "").lower():
             raise forbidden(f"cross-site request from {origin!r} refused")
-
-
-def bearer(request: Any) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header, or None."""
-    value = _header(request, b"authorization")
-    if value is None:
-        return None
-    scheme, _, token = value.strip().partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
 
 
 def is_loopback(address: Any) -> bool:

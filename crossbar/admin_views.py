@@ -1,12 +1,15 @@
-"""What the admin API answers, shaped from the live app, and its query arguments."""
+"""What the admin API answers, shaped from the live parts, and its query arguments."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
 
+from crossbar.config import Config
 from crossbar.errors import bad_request
-from crossbar.lease import Lease
+from crossbar.hosts import Hosts
+from crossbar.lease import Lease, Table
+from crossbar.limiter import Limiter
 from crossbar.units import parse_duration
 
 MAX_BUCKETS = 2000  # points per route in a usage series
@@ -26,10 +29,9 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
     }
 
 
-def route_rows(app: Any, usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def route_rows(config: Config, table: Table, usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The concrete routes (config order), then every other route seen (by name): a route
     from a template, or one the config no longer serves, that holds leases, a pin or usage."""
-    config, table = app.config, app.table
     leases = table.snapshot()
     pins = table.pins()
     requests = {row["route"]: row["requests"] for row in usage}
@@ -61,12 +63,11 @@ def route_rows(app: Any, usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def host_rows(app: Any) -> list[dict[str, Any]]:
+def host_rows(hosts: Hosts, limiter: Limiter, table: Table) -> list[dict[str, Any]]:
     """Hosts.status() with, per model, the limiter's in flight, queued and free slots and
     the table's lease count; and per host the routes pinned to it."""
-    limiter, table = app.limiter, app.table
     pins = table.pins()
-    rows = app.hosts.status()
+    rows = hosts.status()
     for host in rows:
         name = host["name"]
         host["pinned_routes"] = sorted(route for route, h in pins.items() if h == name)

@@ -1,70 +1,79 @@
-"""Where a new lease goes: SPEC §5's chooser, pure and deterministic.
+"""Where a new lease goes: SPEC §5's chooser, a pure ranking over what the table passes it.
 
-The chooser reads the world only through the callables it is built from, so it imports neither
-the lease table nor the limiter nor the hosts. The table is built after the chooser (it needs
-one), so the service hands the chooser closures over a `Late` holder filled in afterwards:
-
-    table_ref: Late[Table] = Late()
-    chooser = Chooser(
-        load=lambda host, model: table_ref.get().count(host, model),
-        parallel=lambda host, model: hosts.parallel(host, model),
-        free_slots=lambda host, model: limiter.free_slots(host, model),
-        peer_hosts=lambda route, model: table_ref.get().hosts_with_lease(peers(route), model),
-    )
-    table_ref.set(await Table.load(store, hosts, chooser, idle))
+The table knows the leases (how many each host holds for the model, which hosts peer routes
+use); the capacity (the limiter) knows the slots. `Chooser.choose` gathers both into one
+`HostView` per candidate and `pick` ranks them: no part of it reaches back into the table.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from fractions import Fraction
-from typing import Generic, TypeVar
+from typing import Protocol
 
-from attrs import define
-
-T = TypeVar("T")
+from attrs import frozen
 
 
-@define
-class Late(Generic[T]):
-    """A slot for an object built later, so closures made now can reach it."""
+class Capacity(Protocol):
+    """Slots per (host, model): configured or discovered, and free right now."""
 
-    _value: T | None = None
+    def parallel(self, host: str, model: str) -> int: ...
 
-    def set(self, value: T) -> None:
-        self._value = value
-
-    def get(self) -> T:
-        if self._value is None:
-            raise RuntimeError("Late.get() before set(): the object is not built yet")
-        return self._value
+    def free_slots(self, host: str, model: str) -> int: ...
 
 
-@define
-class Chooser:
-    """Picks the host for a new lease among candidates the table already found usable.
+@frozen
+class HostView:
+    """One candidate as the chooser weighs it."""
 
-    Order of preference: a host where a peer route of `route` holds a lease for the model
-    (their caches likely share prefixes); then the lowest leases/parallel for the model (leases
-    of every route on that host); then the most free slots; then the candidates' (config) order.
+    name: str
+    peer: bool  # a peer route of the asking route holds a lease for the model here
+    leases: int  # leases of every route held here for the model
+    parallel: int  # slots for the model (0 when not yet known)
+    free: int  # slots free right now
+
+
+def pick(views: Sequence[HostView]) -> str | None:
+    """The best host for a new lease, or None when there is no candidate.
+
+    Order of preference: a peer host (their caches likely share prefixes); then the lowest
+    leases/parallel (an unknown parallel counts as one slot, never a division by zero; exact
+    fractions keep 1/3 and 2/6 equal so the next level decides); then the most free slots;
+    then the candidates' (config) order.
     """
+    if not views:
+        return None
 
-    load: Callable[[str, str], int]  # (host, model) -> leases held there for model
-    parallel: Callable[[str, str], int]  # (host, model) -> slots for model
-    free_slots: Callable[[str, str], int]  # (host, model) -> slots free right now
-    peer_hosts: Callable[[str, str], set[str]]  # (route, model) -> hosts of peer leases
+    def rank(item: tuple[int, HostView]) -> tuple[bool, Fraction, int, int]:
+        order, v = item
+        return (not v.peer, Fraction(v.leases, max(v.parallel, 1)), -v.free, order)
 
-    def choose(self, candidates: Sequence[str], model: str, route: str = "") -> str | None:
-        """The best of `candidates` for a new lease of `model` on `route`; None if empty."""
-        if not candidates:
-            return None
-        peers = self.peer_hosts(route, model) if route else set()
+    return min(enumerate(views), key=rank)[1].name
 
-        def rank(item: tuple[int, str]) -> tuple[bool, Fraction, int, int]:
-            order, host = item
-            # parallel unknown (not yet discovered) or 0 counts as one slot, never a division
-            # by zero; Fraction keeps 1/3 and 2/6 exactly equal so the next level decides.
-            share = Fraction(self.load(host, model), max(self.parallel(host, model), 1))
-            return (host not in peers, share, -self.free_slots(host, model), order)
 
-        return min(enumerate(candidates), key=rank)[1]
+def _no_leases(host: str) -> int:
+    return 0
+
+
+@frozen
+class Chooser:
+    """Reads the capacity of each candidate and picks (SPEC's `Chooser.choose`)."""
+
+    capacity: Capacity
+
+    def choose(
+        self,
+        candidates: Sequence[str],
+        model: str,
+        leases: Callable[[str], int] = _no_leases,
+        peers: Collection[str] = (),
+    ) -> str | None:
+        """The best of `candidates` for a new lease of `model`; `leases(host)` counts the
+        leases held there for the model, `peers` are hosts where a peer route holds one."""
+        cap = self.capacity
+        return pick(
+            [
+                HostView(h, h in peers, leases(h), cap.parallel(h, model), cap.free_slots(h, model))
+                for h in candidates
+            ]
+        )

@@ -6,8 +6,8 @@ import argparse
 import sys
 
 from crossbar import ctl
-from crossbar.check import describe
 from crossbar.config import ConfigError, load_config
+from crossbar.describe import describe
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from attrs import field, frozen
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.testing import MemoryReactor
 
-from crossbar.config_fields import NAME, Errors, Table, quote, type_name
+from crossbar.config_fields import NAME, Errors, Section, quote, type_name
 from crossbar.route import Route, Template, check_route_links, read_routes, read_templates
 
 _DAY = 86400.0
@@ -122,7 +122,7 @@ class Config:
 
 
 def _read_server(errors: Errors, data: Any) -> ServerConfig:
-    t = Table(errors, "server", data)
+    t = Section(errors, "server", data)
     d = ServerConfig()
     server = ServerConfig(
         listen=t.string("listen", d.listen),
@@ -162,7 +162,7 @@ def _check_endpoint(errors: Errors, path: str, description: str) -> None:
         errors.add(path, f"not a Twisted endpoint string ({quote(description)}: {e})")
 
 
-def _read_models(t: Table, parallel: int | None, ctx: int | None) -> tuple[ModelConfig, ...]:
+def _read_models(t: Section, parallel: int | None, ctx: int | None) -> tuple[ModelConfig, ...]:
     path = t.sub("models")
     if not t.has("models"):
         t.errors.add(path, "missing (a list of model names, or a table per model)")
@@ -177,7 +177,7 @@ def _read_models(t: Table, parallel: int | None, ctx: int | None) -> tuple[Model
             models.append(ModelConfig(name=name, parallel=parallel, ctx=ctx))
     elif isinstance(raw, dict):
         for name, body in raw.items():
-            mt = Table(t.errors, f"{path}.{name}", body)
+            mt = Section(t.errors, f"{path}.{name}", body)
             models.append(
                 ModelConfig(
                     name=name,
@@ -216,9 +216,9 @@ def _check_model_names(errors: Errors, path: str, models: list[ModelConfig]) -> 
 
 def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
     hosts: dict[str, HostConfig] = {}
-    outer = Table(errors, "hosts", data)
+    outer = Section(errors, "hosts", data)
     for name in outer.keys():
-        t = Table(errors, outer.sub(name), outer.raw(name))
+        t = Section(errors, outer.sub(name), outer.raw(name))
         if NAME.fullmatch(name) is None:
             errors.add(t.path, f"bad host name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
         url = t.url("url")
@@ -234,7 +234,7 @@ def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
 def parse_config(data: dict[str, Any], path: str = "") -> Config:
     """Build a Config from parsed TOML, or raise ConfigError listing every problem."""
     errors = Errors()
-    top = Table(errors, "", data)
+    top = Section(errors, "", data)
     server = _read_server(errors, top.raw("server", {}))
     hosts = _read_hosts(errors, top.raw("hosts", {}))
     routes = read_routes(errors, top.raw("routes", {}))

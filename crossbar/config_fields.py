@@ -47,8 +47,9 @@ class Errors:
         return bool(self.lines)
 
 
-class Table:
-    """One TOML table being read: each `take` consumes a key; `finish` reports the rest."""
+class Section:
+    """One TOML table being read (a config section): each `take` consumes a key; `finish` reports
+    the rest as unknown."""
 
     def __init__(self, errors: Errors, path: str, data: Any) -> None:
         self.errors = errors

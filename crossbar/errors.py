@@ -1,4 +1,10 @@
-"""Errors crossbar itself answers with, in OpenAI's error body shape (SPEC §4)."""
+"""Every error crossbar answers a client with: the value, the mapping from domain errors, and
+the one writer, in the caller's own dialect (SPEC §4).
+
+OpenAI's shape is `{"error": {"code", "type", "message"}}`, where `code` is the HTTP status
+unless OpenAI names the case; on `/v1/messages*` Anthropic's SDKs expect
+`{"type": "error", "error": {"type", "message"}}` with Anthropic's own types.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,31 @@ import json
 from typing import Any
 
 from attrs import field, frozen
+from twisted.web import http
+
+from crossbar.dialects import Dialect, ErrorShape
+from crossbar.lease_types import NoHost, PinnedDown
+from crossbar.limiter import QueueFull, QueueTimeout
+from crossbar.upstream import UpstreamFailure
+
+# Reason phrases Twisted lacks ("429 Unknown Status" reads like a bug to whoever sees it), or
+# words for them clients know better.
+_PHRASES = {
+    413: b"Payload Too Large",
+    429: b"Too Many Requests",
+    431: b"Request Header Fields Too Large",
+}
+
+# OpenAI's types (and crossbar's own) as Anthropic's SDKs name them.
+_ANTHROPIC_TYPES = {
+    "invalid_request_error": "invalid_request_error",
+    "authentication_error": "authentication_error",
+    "permission_error": "permission_error",
+    "not_found_error": "not_found_error",
+    "rate_limit_error": "rate_limit_error",
+    "unavailable_error": "overloaded_error",
+    "api_error": "api_error",
+}
 
 
 @frozen
@@ -18,17 +49,29 @@ class ClientError(Exception):
     code: str | None = None
     headers: dict[str, str] = field(factory=dict)
 
-    def body(self) -> bytes:
-        return error_body(self.status, self.type, self.message, self.code)
+    def body(self, shape: ErrorShape = ErrorShape.OPENAI) -> bytes:
+        """The JSON error body in `shape`."""
+        return json.dumps(self.payload(shape)).encode()
+
+    def payload(self, shape: ErrorShape = ErrorShape.OPENAI) -> dict[str, Any]:
+        if shape is ErrorShape.ANTHROPIC:
+            if self.status == 413:
+                kind = "request_too_large"
+            else:
+                kind = _ANTHROPIC_TYPES.get(self.type, "api_error")
+            return {"type": "error", "error": {"type": kind, "message": self.message}}
+        error = {"code": self.code or self.status, "type": self.type, "message": self.message}
+        return {"error": error}
+
+    def stream_event(self, shape: ErrorShape) -> bytes:
+        """The error as one SSE event, for a stream that cannot go on."""
+        data = json.dumps(self.payload(shape)).encode()
+        if shape is ErrorShape.ANTHROPIC:
+            return b"event: error\ndata: " + data + b"\n\n"
+        return b"data: " + data + b"\n\n"
 
     def __str__(self) -> str:
         return f"{self.status} {self.type}: {self.message}"
-
-
-def error_body(status: int, type_: str, message: str, code: str | None = None) -> bytes:
-    """`{"error": {"code", "type", "message"}}`; `code` is the status unless OpenAI names one."""
-    error: dict[str, Any] = {"code": code or status, "type": type_, "message": message}
-    return json.dumps({"error": error}).encode()
 
 
 def not_found(message: str, code: str | None = None) -> ClientError:
@@ -40,5 +83,93 @@ def bad_request(message: str, code: str | None = None) -> ClientError:
 
 
 def unavailable(message: str, retry_after: float | None = None, status: int = 503) -> ClientError:
+    """503 (or `status`) `unavailable_error`, with `Retry-After` in whole seconds (at least 1)."""
     headers = {"Retry-After": str(max(1, round(retry_after)))} if retry_after is not None else {}
     return ClientError(status, "unavailable_error", message, None, headers)
+
+
+def unauthorized(message: str) -> ClientError:
+    """401, asking for a bearer token."""
+    return ClientError(401, "authentication_error", message, headers={"WWW-Authenticate": "Bearer"})
+
+
+def forbidden(message: str) -> ClientError:
+    """403: this caller may not do this whatever it sends."""
+    return ClientError(403, "permission_error", message)
+
+
+INTERNAL = ClientError(500, "api_error", "crossbar failed on this request; try again")
+
+
+def phrase(status: int) -> bytes:
+    """The reason phrase of an HTTP status."""
+    return _PHRASES.get(status) or http.RESPONSES.get(status) or b"Error"
+
+
+@frozen
+class Where:
+    """What a domain error is about, for its message and its Retry-After."""
+
+    route: str
+    model: str
+    host: str = ""
+    retry_after: float = 5.0  # a hint for errors that pass when health changes
+    queued: int = 0  # waiters for the host's slots, for a full queue's message
+
+
+def for_exception(error: Exception, where: Where) -> ClientError:
+    """The client's answer to a lease, limiter or upstream error (anything else: INTERNAL)."""
+    if isinstance(error, UpstreamFailure):
+        host = where.host
+        if error.reason == "idle timeout":
+            return ClientError(504, "api_error", f"host {host} sent nothing in time; try again")
+        if error.reason == "refused":
+            return unavailable(
+                f"host {host} refused the connection and no other host could take the request",
+                retry_after=5,
+                status=502,
+            )
+        return unavailable(f"host {host} failed ({error.reason}); try again shortly", 5)
+    if isinstance(error, PinnedDown):
+        return unavailable(
+            f"route {where.route!r} is pinned to host {error.host!r}, which is down; "
+            "ask the operator to unpin or wait for it",
+            retry_after=where.retry_after,
+        )
+    if isinstance(error, NoHost):
+        return unavailable(
+            f"no healthy host can take model {where.model!r} on route {where.route!r} now",
+            retry_after=where.retry_after,
+        )
+    if isinstance(error, QueueFull):
+        return ClientError(
+            429,
+            "rate_limit_error",
+            f"host {where.host} has {where.queued} requests waiting for {where.model!r}; "
+            "retry later",
+            headers={"Retry-After": str(max(1, round(error.retry_after)))},
+        )
+    if isinstance(error, QueueTimeout):
+        return unavailable(
+            f"waited too long for a free slot on host {where.host}; retry later",
+            error.retry_after,
+        )
+    return INTERNAL
+
+
+def write_error(request: Any, error: ClientError, dialect: Dialect | None = None) -> None:
+    """Answer `error` in the dialect's shape; when the answer has already begun, close the
+    connection instead (a half-sent answer must not look complete); nothing once the client
+    is gone."""
+    if request.finished or request.channel is None:
+        return
+    if request.startedWriting:
+        request.channel.transport.loseConnection()
+        return
+    shape = dialect.errors if dialect is not None else ErrorShape.OPENAI
+    request.setResponseCode(error.status, phrase(error.status))
+    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+    for name, value in error.headers.items():
+        request.responseHeaders.setRawHeaders(name.encode(), [value.encode()])
+    request.write(error.body(shape))
+    request.finish()

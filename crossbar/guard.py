@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from attrs import define, field
 
@@ -17,44 +15,6 @@ from crossbar.errors import bad_request
 DEFAULT_TOKENS_PER_CHAR = 0.2
 BAND = 0.2  # within 20% of the limit, count exactly
 _WEIGHT = 0.2  # of each new sample in the learned ratio
-_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(_text(v) for v in value)
-    if isinstance(value, dict):
-        if isinstance(value.get("text"), str):
-            return value["text"]
-        return _text(value.get("content"))
-    return ""
-
-
-def prompt_chars(body: Any) -> int:
-    """Characters of prompt text in a request body (messages, system, input, prompt...)."""
-    if not isinstance(body, dict):
-        return 0
-    total = 0
-    for key in ("system", "instructions", "prompt", "input_prefix", "input_suffix", "input"):
-        total += len(_text(body.get(key)))
-    for message in body.get("messages") or []:
-        total += len(_text(message)) + 8  # role markers of the chat template
-    if body.get("tools"):
-        total += len(json.dumps(body["tools"]))
-    return total
-
-
-def requested_output(body: Any) -> int:
-    """Tokens the client asked to generate, when it said (`max_tokens`, `n_predict`...)."""
-    if not isinstance(body, dict):
-        return 0
-    for key in _OUTPUT_KEYS:
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0
 
 
 @define
@@ -82,18 +42,18 @@ class ContextGuard:
         model: str,
         host: str,
         limit: int | None,
-        body: Any,
+        chars: int,
+        output: int,
         count: Callable[[], Awaitable[int | None]],
     ) -> None:
-        """Raise 400 context_length_exceeded when the request cannot fit in `limit` tokens.
+        """Raise 400 context_length_exceeded when a prompt of `chars` characters plus `output`
+        requested tokens cannot fit in `limit` tokens.
 
         `count` asks the host for an exact prompt count (None when it cannot); it is called
         only when the estimate lands within BAND of the limit.
         """
         if not limit:
             return
-        chars = prompt_chars(body)
-        output = requested_output(body)
         estimate = round(chars * self.ratio(model)) + output
         if estimate < (1 - BAND) * limit:
             return

@@ -21,6 +21,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 
 from crossbar.config import HostConfig
+from crossbar.upstream import authorization
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
 
@@ -130,7 +131,7 @@ class Prober:
         """GET `path` of the host, with its api key as Bearer when it has one. On timeout the
         request is cancelled and fails with ProbeTimeout, whatever the cancel itself raised
         (treq wraps it in ResponseNeverReceived and friends)."""
-        headers = {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
+        headers = authorization(host)
 
         def timed_out(result: Any, timeout: float) -> Any:
             raise ProbeTimeout(timeout)

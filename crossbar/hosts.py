@@ -19,7 +19,6 @@ from attrs import asdict, define, field
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
@@ -38,7 +37,7 @@ class DrainStore(Protocol):
     async def list_draining(self) -> set[str]: ...
 
 
-class UnknownHost(KeyError):
+class NoSuchHost(KeyError):
     """No configured host has this name."""
 
     def __init__(self, name: str) -> None:
@@ -85,10 +84,9 @@ class Hosts:
         self._hosts = {name: _Host(h) for name, h in config.hosts.items()}
         self._draining: set[str] = set()
         self._listeners: list[Listener] = []
-        self._loop: LoopingCall | None = None
         self._round_waiters: list[Deferred[None]] = []
         self._probing: dict[str, Deferred[None]] = {}
-        self.probe_errors = 0  # unexpected errors caught in the periodic probe
+        self.probe_errors = 0  # bugs caught in a probe round (a probe that fails is not one)
 
     # -- reading
 
@@ -102,12 +100,6 @@ class Hosts:
 
     def draining(self, name: str) -> bool:
         return name in self._draining
-
-    def url(self, name: str) -> str:
-        return self._host(name).config.url
-
-    def api_key(self, name: str) -> str:
-        return self._host(name).config.api_key
 
     def parallel(self, name: str, model: str) -> int:
         """Slots: configured, else discovered `total_slots`, else 1 (also for unknown pairs,
@@ -176,25 +168,21 @@ class Hosts:
 
     def probe_all(self) -> Deferred[None]:
         """One probe round over every host in parallel; fires when all have answered or timed
-        out. Never fails. A call while a round runs joins that round."""
+        out. Never fails (a bug in a round is logged and counted in `probe_errors`), so a
+        timer may call it forever. A call while a round runs joins that round."""
         waiter: Deferred[None] = Deferred()
         self._round_waiters.append(waiter)
         if len(self._round_waiters) == 1:
-            Deferred.fromCoroutine(self._round())
+            try:
+                Deferred.fromCoroutine(self._round())
+            except Exception:
+                self.probe_errors += 1
+                self._log.failure("health probe round failed to start")
+                self._end_round()
         return waiter
 
-    def start(self) -> Deferred[None]:
-        """Probe every `health_interval` on the clock; fires when the first round is done."""
-        if self._loop is None:
-            self._start_loop()
-        return self.probe_all()
-
     def stop(self) -> Deferred[None]:
-        """Stop probing, abandon probes under way, close our own connection pool."""
-        if self._loop is not None:
-            if self._loop.running:
-                self._loop.stop()
-            self._loop = None
+        """Abandon probes under way and close our own connection pool."""
         for d in list(self._probing.values()):
             d.cancel()
         if self._pool is not None:
@@ -229,12 +217,8 @@ class Hosts:
             probe = self._probing.get(name)
             if probe is not None:
                 probe.cancel()
-        interval_changed = config.server.health_interval != self._config.server.health_interval
         self._hosts = hosts
         self._config = config
-        if interval_changed and self._loop is not None:
-            self._loop.stop()
-            self._start_loop()
         self._notify(before)
 
     # -- internals
@@ -242,7 +226,7 @@ class Hosts:
     def _host(self, name: str) -> _Host:
         host = self._hosts.get(name)
         if host is None:
-            raise UnknownHost(name)
+            raise NoSuchHost(name)
         return host
 
     def _model(self, name: str, model: str) -> tuple[_Host | None, ModelConfig | None]:
@@ -266,21 +250,6 @@ class Hosts:
                 except Exception:
                     self._log.failure("parallel listener failed for {pair}", pair=pair)
 
-    def _start_loop(self) -> None:
-        # The caller runs (or has just run) a round itself, so the loop's first is one interval on.
-        self._loop = LoopingCall(self._tick)
-        self._loop.clock = self._clock
-        self._loop.start(self._config.server.health_interval, now=False)
-
-    def _tick(self) -> Deferred[None] | None:
-        # The LoopingCall's function: it must never raise, or the loop stops for good.
-        try:
-            return self.probe_all()
-        except Exception:
-            self.probe_errors += 1
-            self._log.failure("health probe round failed to start")
-            return None
-
     async def _round(self) -> None:
         try:
             probes = [self._start_probe(name, host) for name, host in self._hosts.items()]
@@ -290,10 +259,13 @@ class Hosts:
             self.probe_errors += 1
             self._log.failure("health probe round failed")
         finally:
-            waiters, self._round_waiters = self._round_waiters, []
-            for w in waiters:
-                if not w.called:
-                    w.callback(None)
+            self._end_round()
+
+    def _end_round(self) -> None:
+        waiters, self._round_waiters = self._round_waiters, []
+        for w in waiters:
+            if not w.called:
+                w.callback(None)
 
     def _start_probe(self, name: str, host: _Host) -> Deferred[None]:
         d = Deferred.fromCoroutine(self._probe(name, host))

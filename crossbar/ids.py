@@ -7,6 +7,8 @@ from collections.abc import Iterable
 
 from attrs import define, field, frozen
 
+from crossbar.config import Config
+
 
 @frozen
 class Origin:
@@ -43,10 +45,14 @@ class IdMemory:
             return None
         return origin
 
-    def forget_host(self, host: str) -> None:
-        """A host left the config: its completions are gone with it."""
-        for id_ in [i for i, o in self._items.items() if o.host == host]:
+    def reconfigure(self, config: Config) -> None:
+        """Take `remember_ids` and `lease_idle`; forget the completions of hosts the config no
+        longer has (they are gone with their host)."""
+        self.size, self.ttl = config.server.remember_ids, config.server.lease_idle
+        for id_ in [i for i, o in self._items.items() if o.host not in config.hosts]:
             del self._items[id_]
+        while len(self._items) > self.size:
+            self._items.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._items)

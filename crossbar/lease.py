@@ -16,11 +16,10 @@ to the pin).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred, DeferredLock, ensureDeferred
-from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
@@ -40,6 +39,9 @@ from crossbar.lease_types import (
     pin_key,
 )
 from crossbar.records import LeaseEvent
+
+if TYPE_CHECKING:
+    from crossbar.config import Config
 
 __all__ = [
     "Acquired",
@@ -66,9 +68,7 @@ class Table:
         hosts: HostStates,
         chooser: HostChooser,
         idle: float,
-        clock: IReactorTime | None = None,
     ) -> None:
-        self._clock = clock  # only for calls that are not given `now`
         self._store = store
         self._hosts = hosts
         self._chooser = chooser
@@ -92,16 +92,19 @@ class Table:
         hosts: HostStates,
         chooser: HostChooser,
         idle: float,
-        clock: IReactorTime | None = None,
     ) -> Table:
         """A table holding the store's leases and pins (rows with fp == model == "", PINNED)."""
-        table = cls(store, hosts, chooser, idle, clock)
+        table = cls(store, hosts, chooser, idle)
         for lease in await store.list_leases():
             table._remember(lease, copy=False)  # fresh objects, nobody else holds them
             table._seen.setdefault(lease.key.route, set()).add(lease.host)
         return table
 
     # -- reading -----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Leases held (pins excluded)."""
+        return len(self._index)
 
     def pinned(self, route: str) -> str | None:
         pin = self._pins.get(route)
@@ -129,9 +132,12 @@ class Table:
 
     # -- acquire -----------------------------------------------------------------------------
 
-    async def acquire(self, key: Key, candidates: Sequence[str], now: float) -> Acquired:
+    async def acquire(
+        self, key: Key, candidates: Sequence[str], now: float, peers: Sequence[str] = ()
+    ) -> Acquired:
         """The host for a request with lease key `key`; `candidates` are the route's hosts
-        serving the model, in config order. Raises PinnedDown or NoHost."""
+        serving the model, in config order; `peers` the routes whose hosts a new lease
+        prefers. Raises PinnedDown or NoHost."""
         if not key.model:
             raise ValueError("a lease key needs a model (fp == model == '' names a pin row)")
         candidates = tuple(candidates)
@@ -146,7 +152,7 @@ class Table:
             self._forget_lock(key, lock)
             raise
         try:
-            return await self._acquire(key, candidates, now)
+            return await self._acquire(key, candidates, now, peers)
         finally:
             lock.release()
             self._forget_lock(key, lock)
@@ -157,7 +163,9 @@ class Table:
         if self._locks.get(key) is lock and not lock.locked and not lock.waiting:
             del self._locks[key]
 
-    async def _acquire(self, key: Key, candidates: tuple[str, ...], now: float) -> Acquired:
+    async def _acquire(
+        self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str]
+    ) -> Acquired:
         healthy, draining = self._hosts.healthy, self._hosts.draining
         lease = self._index.get(key)
         pin = self.pinned(key.route)
@@ -196,11 +204,22 @@ class Table:
         # 4. Choose among healthy, non-draining candidates (the host a lease leaves is neither
         # healthy nor a candidate); none: nothing changes.
         usable = [h for h in candidates if healthy(h) and not draining(h)]
-        host = self._chooser.choose(usable, key.model, route=key.route) if usable else None
+        host = self._choose(usable, key.model, peers)
         if host is None:
             raise NoHost(key.route, key.model)
         await self._place(key, host, now, reason, origin)
         return Acquired(host, reused=False, pinned=False)
+
+    def _choose(self, usable: list[str], model: str, peers: Sequence[str]) -> str | None:
+        if not usable:
+            return None
+        index = self._index
+        return self._chooser.choose(
+            usable,
+            model,
+            leases=lambda host: index.count(host, model),
+            peers=index.hosts_with_lease(peers, model) if peers else (),
+        )
 
     async def _place(self, key: Key, host: str, now: float, reason: str, origin: str) -> None:
         lease = Lease(key, host, State.ACTIVE, created=now, last_used=now)
@@ -241,35 +260,33 @@ class Table:
         row = Lease(pin_key(route), host, State.PINNED, created=now, last_used=now)
         await self._commit(save=[row], delete=[lease.key for lease in movers], events=events)
 
-    def _now(self, now: float | None) -> float:
-        if now is not None:
-            return now
-        if self._clock is None:
-            raise ValueError("give `now`, or load the table with a clock")
-        return self._clock.seconds()
-
-    def set_idle(self, idle: float) -> None:
-        """A reload changed `lease_idle`: expiry uses the new value from now on."""
-        self._idle = idle
-        self._touch_every = min(60.0, idle / 100)
+    async def reconfigure(self, config: Config, now: float) -> int:
+        """Take a reloaded config: its `lease_idle` from now on, and hosts it no longer has
+        forgotten (their leases and pins dropped, reason "config"). Returns the number of
+        leases dropped."""
+        self._idle = config.server.lease_idle
+        self._touch_every = min(60.0, self._idle / 100)
+        held = {lease.host for lease in self._index.all()} | {p.host for p in self._pins.values()}
+        gone = held - set(config.hosts)
+        for hosts in self._seen.values():
+            hosts.intersection_update(config.hosts)
+        return await self.drop_hosts(gone, now) if gone else 0
 
     def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
         """The config names these hosts for `route`: a pin to one of them is allowed even
         before any request of the route was seen."""
         self._seen.setdefault(route, set()).update(hosts)
 
-    async def unpin(self, route: str, now: float | None = None) -> None:
+    async def unpin(self, route: str, now: float) -> None:
         """Remove the route's pin; its leases stay where they are."""
-        now = self._now(now)
         host = self.pinned(route)
         if host is None:
             return
         event = LeaseEvent(now, route, "", "", host, "", "release")
         await self._commit(delete=[pin_key(route)], events=[event])
 
-    async def release(self, route: str, now: float | None = None) -> int:
+    async def release(self, route: str, now: float) -> int:
         """Drop every lease of `route` (not its pin); returns how many."""
-        now = self._now(now)
         leases = list(self._index.of_route(route))
         await self._drop(leases, now, "release")
         return len(leases)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Protocol
 
 from attrs import define, frozen
@@ -93,13 +93,23 @@ class LeaseStore(Protocol):
 
 
 class HostStates(Protocol):
+    """Health and draining of hosts (crossbar.hosts.Hosts)."""
+
     def healthy(self, name: str) -> bool: ...
 
     def draining(self, name: str) -> bool: ...
 
 
 class HostChooser(Protocol):
-    def choose(self, candidates: Sequence[str], model: str, route: str = "") -> str | None: ...
+    """Picks the host of a new lease (crossbar.chooser.Chooser)."""
+
+    def choose(
+        self,
+        candidates: Sequence[str],
+        model: str,
+        leases: Callable[[str], int] = ...,
+        peers: Collection[str] = (),
+    ) -> str | None: ...
 
 
 def pin_key(route: str) -> Key:

@@ -25,8 +25,10 @@ from attrs import define, field, frozen
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
+from crossbar.config import Config
+
 Release = Callable[[], None]
-Key = tuple[str, str]
+Pair = tuple[str, str]  # (host, model)
 
 # How long a slot is held, until one has been seen: a longish generation. Not queue_timeout:
 # right after a restart that would send every refused client away for minutes.
@@ -113,7 +115,7 @@ class Limiter:
         self._parallel = parallel
         self._queue_max = queue_max
         self._queue_timeout = queue_timeout
-        self._slots: dict[Key, _Slots] = {}
+        self._slots: dict[Pair, _Slots] = {}
 
     # -- the request path
 
@@ -150,11 +152,11 @@ class Limiter:
 
     # -- reload and discovery
 
-    def configure(self, queue_max: int, queue_timeout: float) -> None:
+    def reconfigure(self, config: Config) -> None:
         """New queue limits (config reload). Waiters already queued keep their place and deadline;
         a smaller `queue_max` refuses newcomers until the queue is below it."""
-        self._queue_max = queue_max
-        self._queue_timeout = queue_timeout
+        self._queue_max = config.server.queue_max
+        self._queue_timeout = config.server.queue_timeout
 
     def resized(self, host: str, model: str) -> None:
         """`parallel(host, model)` changed: admit waiters into slots that are now free.
@@ -168,6 +170,10 @@ class Limiter:
             self._admit(key, slots)
 
     # -- views
+
+    def parallel(self, host: str, model: str) -> int:
+        """Slots of (host, model) as configured or discovered (0 or less: not known)."""
+        return self._parallel(host, model)
 
     def in_flight(self, host: str, model: str) -> int:
         slots = self._slots.get((host, model))
@@ -207,17 +213,17 @@ class Limiter:
 
     # -- internals
 
-    def _entry(self, key: Key) -> _Slots:
+    def _entry(self, key: Pair) -> _Slots:
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = _Slots()
         return slots
 
-    def _limit(self, key: Key) -> int:
+    def _limit(self, key: Pair) -> int:
         # A parallel below 1 would strand every waiter until its timeout.
         return max(1, self._parallel(*key))
 
-    def _release(self, key: Key, slots: _Slots, tracked: bool) -> Release:
+    def _release(self, key: Pair, slots: _Slots, tracked: bool) -> Release:
         started = self._clock.seconds()
         done = False
 
@@ -241,7 +247,7 @@ class Limiter:
 
         return release
 
-    def _admit(self, key: Key, slots: _Slots) -> None:
+    def _admit(self, key: Pair, slots: _Slots) -> None:
         while slots.waiters and slots.in_flight < self._limit(key):
             waiter = slots.waiters.popleft()
             assert waiter.timer is not None and waiter.deferred is not None
@@ -260,7 +266,7 @@ class Limiter:
         assert waiter.timer is not None
         waiter.timer.cancel()
 
-    def _expire(self, key: Key, slots: _Slots, waiter: _Waiter) -> None:
+    def _expire(self, key: Pair, slots: _Slots, waiter: _Waiter) -> None:
         slots.waiters.remove(waiter)
         slots.timed_out += 1
         assert waiter.deferred is not None
@@ -273,7 +279,7 @@ class Limiter:
             )
         )
 
-    def _retry_after(self, key: Key, slots: _Slots) -> float:
+    def _retry_after(self, key: Pair, slots: _Slots) -> float:
         hold = FIRST_HOLD_GUESS if slots.hold_average is None else slots.hold_average
         estimate = hold * (len(slots.waiters) + 1) / self._limit(key)
         # Retry-After is whole seconds; below 1 s a client would just hammer the queue.

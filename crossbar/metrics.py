@@ -1,9 +1,10 @@
 """Prometheus metrics of one crossbar (SPEC §10), on a registry of its own.
 
-Request numbers come from the usage rows the proxy hands to `App.observers`; lease changes from
-the table's listeners; everything that is a state rather than a count (in flight, queued,
-leases, host health, the cache-hit ratio) is read from the live objects when Prometheus
-scrapes, so it can never drift from what the admin API shows.
+Request numbers come from the usage rows (a `UsageRecorder` observer); lease changes from the
+table's listeners; everything that is a state rather than a count (in flight, queued, leases,
+host health, the cache-hit ratio) and the counters other parts keep (the guard's, the
+limiter's, the prober's) are read from the live objects when Prometheus scrapes, so they can
+never drift from what the admin API shows.
 
 Label values a client could invent (a route no config serves, a model no host serves) are
 folded into "(unknown)", so a scanner cannot grow the series without bound.
@@ -13,12 +14,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from crossbar.config import Config
+from crossbar.guard import ContextGuard
+from crossbar.hosts import Hosts
+from crossbar.lease import Table
+from crossbar.limiter import Limiter
 from crossbar.records import LeaseEvent, UsageRow
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
@@ -29,10 +34,17 @@ _BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
 class Metrics:
-    """crossbar's metrics; `attach` hooks them to an App, `render` is the /metrics body."""
+    """crossbar's metrics: `observe` hears usage rows, `lease_event` lease changes; `render`
+    is the /metrics body."""
 
-    def __init__(self, app: Any) -> None:
-        self.app = app
+    def __init__(
+        self, config: Config, table: Table, hosts: Hosts, limiter: Limiter, guard: ContextGuard
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.hosts = hosts
+        self.limiter = limiter
+        self.guard = guard
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -84,11 +96,9 @@ class Metrics:
         self._cached: dict[str, int] = defaultdict(int)
         r.register(_Live(self))
 
-    def attach(self) -> Metrics:
-        """Start hearing the app's usage rows and its lease table's events."""
-        self.app.observers.append(self.observe)
-        self.app.table.listeners.append(self.lease_event)
-        return self
+    def reconfigure(self, config: Config) -> None:
+        """Label by the reloaded config's routes, hosts and models."""
+        self.config = config
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -97,7 +107,7 @@ class Metrics:
     # -- what happened
 
     def observe(self, row: UsageRow) -> None:
-        """One finished request (an App observer)."""
+        """One finished request (a UsageRecorder observer)."""
         route, host, model = self._labels(row)
         self.requests.labels(route, host, model, str(row.status)).inc()
         if row.status >= 400 or row.error:
@@ -124,7 +134,7 @@ class Metrics:
             self.lease_moves.labels(event.reason).inc()
 
     def _labels(self, row: UsageRow) -> tuple[str, str, str]:
-        config = self.app.config
+        config = self.config
         route = row.route if config.route(row.route) is not None else UNKNOWN
         host = row.host if row.host in config.hosts else ("" if not row.host else UNKNOWN)
         served = any(h.model(row.model) is not None for h in config.hosts.values())
@@ -137,78 +147,122 @@ class Metrics:
 
 
 class _Live:
-    """A collector reading the app's current state at scrape time."""
+    """A collector reading crossbar's current state at scrape time."""
 
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        """Slots and queues per host and model, then hosts and leases, then cache hits."""
-        app = self._metrics.app
-        limiter = app.limiter
-        counted = {(s.host, s.model): s for s in limiter.snapshot()}
-        configured = [(n, m) for n, h in app.config.hosts.items() for m in h.model_names]
-        pairs = configured + sorted(counted.keys() - set(configured))  # + hosts just removed
-        pair = ["host", "model"]
-        in_flight = GaugeMetricFamily(
-            "crossbar_in_flight", "Requests being served, per host and model.", labels=pair
-        )
-        queued = GaugeMetricFamily(
-            "crossbar_queued", "Requests waiting for a slot, per host and model.", labels=pair
-        )
-        parallel = GaugeMetricFamily(
-            "crossbar_slots", "Slots (parallel) per host and model.", labels=pair
-        )
-        refused = CounterMetricFamily(
-            "crossbar_queue_refused", "Requests refused because the queue was full.", labels=pair
-        )
-        timed_out = CounterMetricFamily(
-            "crossbar_queue_timeouts", "Requests that waited queue_timeout in vain.", labels=pair
-        )
-        for host, model in pairs:
-            labels = [host, model]
-            in_flight.add_metric(labels, limiter.in_flight(host, model))
-            queued.add_metric(labels, limiter.queued(host, model))
-            parallel.add_metric(labels, app.hosts.parallel(host, model))
-            s = counted.get((host, model))
-            refused.add_metric(labels, s.refused if s else 0)
-            timed_out.add_metric(labels, s.timed_out if s else 0)
-        yield from (in_flight, queued, parallel, refused, timed_out)
-        yield from self._hosts(app)
+        """Slots and queues per host and model, then hosts and leases, then cache hits and
+        the guard's counters."""
+        m = self._metrics
+        yield from _slots(m.config, m.hosts, m.limiter)
+        yield from _hosts(m.config, m.hosts, m.table)
         ratio = GaugeMetricFamily(
             "crossbar_cache_hit_ratio",
             "Cached prompt tokens / prompt tokens per route, since start.",
             labels=["route"],
         )
-        for route, value in sorted(self._metrics.cache_hit_ratios().items()):
+        for route, value in sorted(m.cache_hit_ratios().items()):
             ratio.add_metric([route], value)
         yield ratio
+        yield CounterMetricFamily(
+            "crossbar_guard_exact_counts",
+            "Prompts the context guard had the host count exactly.",
+            value=m.guard.exact_counts,
+        )
+        yield CounterMetricFamily(
+            "crossbar_guard_refused",
+            "Requests the context guard refused (context_length_exceeded).",
+            value=m.guard.refused,
+        )
 
-    def _hosts(self, app: Any) -> Iterator[Metric]:
-        config, hosts, table = app.config, app.hosts, app.table
-        leases = GaugeMetricFamily(
-            "crossbar_leases", "Leases held per host and model.", labels=["host", "model"]
-        )
-        for name, host in config.hosts.items():
-            for model in host.model_names:
-                leases.add_metric([name, model], table.count(name, model))
-        pins = GaugeMetricFamily("crossbar_pins", "Routes pinned to each host.", labels=["host"])
-        pinned: dict[str, int] = defaultdict(int)
-        for host in table.pins().values():
-            pinned[host] += 1
-        healthy = GaugeMetricFamily(
-            "crossbar_host_healthy", "1 when the host is healthy, else 0.", labels=["host"]
-        )
-        draining = GaugeMetricFamily(
-            "crossbar_host_draining", "1 when the host is draining, else 0.", labels=["host"]
-        )
-        flips = CounterMetricFamily(
-            "crossbar_host_health_flips", "Health changes of each host.", labels=["host"]
-        )
-        counted = hosts.flips
-        for name in config.hosts:
-            pins.add_metric([name], pinned.get(name, 0))
-            healthy.add_metric([name], 1 if hosts.healthy(name) else 0)
-            draining.add_metric([name], 1 if hosts.draining(name) else 0)
-            flips.add_metric([name], counted.get(name, 0))
-        yield from (leases, pins, healthy, draining, flips)
+
+def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
+    counted = {(s.host, s.model): s for s in limiter.snapshot()}
+    configured = [(n, m) for n, h in config.hosts.items() for m in h.model_names]
+    pairs = configured + sorted(counted.keys() - set(configured))  # + hosts just removed
+    pair = ["host", "model"]
+    gauges = {
+        "in_flight": GaugeMetricFamily(
+            "crossbar_in_flight", "Requests being served, per host and model.", labels=pair
+        ),
+        "queued": GaugeMetricFamily(
+            "crossbar_queued", "Requests waiting for a slot, per host and model.", labels=pair
+        ),
+        "parallel": GaugeMetricFamily(
+            "crossbar_slots", "Slots (parallel) per host and model.", labels=pair
+        ),
+    }
+    counters = {
+        "refused": CounterMetricFamily(
+            "crossbar_queue_refused", "Requests refused because the queue was full.", labels=pair
+        ),
+        "timed_out": CounterMetricFamily(
+            "crossbar_queue_timeouts", "Requests that waited queue_timeout in vain.", labels=pair
+        ),
+        "admitted": CounterMetricFamily(
+            "crossbar_slots_admitted",
+            "Slots granted to queueing requests, at once or after a wait.",
+            labels=pair,
+        ),
+        "tracked_total": CounterMetricFamily(
+            "crossbar_tracked",
+            "Requests of queue = false routes counted without waiting.",
+            labels=pair,
+        ),
+        "cancelled": CounterMetricFamily(
+            "crossbar_queue_cancelled",
+            "Waiters that left the queue before a slot (their client went away).",
+            labels=pair,
+        ),
+        "wait_seconds": CounterMetricFamily(
+            "crossbar_queue_waited_seconds",
+            "Total time admitted requests spent waiting for their slot.",
+            labels=pair,
+        ),
+    }
+    for host, model in pairs:
+        labels = [host, model]
+        gauges["in_flight"].add_metric(labels, limiter.in_flight(host, model))
+        gauges["queued"].add_metric(labels, limiter.queued(host, model))
+        gauges["parallel"].add_metric(labels, hosts.parallel(host, model))
+        state = counted.get((host, model))
+        for name, family in counters.items():
+            family.add_metric(labels, getattr(state, name) if state else 0)
+    yield from gauges.values()
+    yield from counters.values()
+
+
+def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
+    leases = GaugeMetricFamily(
+        "crossbar_leases", "Leases held per host and model.", labels=["host", "model"]
+    )
+    for name, host in config.hosts.items():
+        for model in host.model_names:
+            leases.add_metric([name, model], table.count(name, model))
+    pins = GaugeMetricFamily("crossbar_pins", "Routes pinned to each host.", labels=["host"])
+    pinned: dict[str, int] = defaultdict(int)
+    for host in table.pins().values():
+        pinned[host] += 1
+    healthy = GaugeMetricFamily(
+        "crossbar_host_healthy", "1 when the host is healthy, else 0.", labels=["host"]
+    )
+    draining = GaugeMetricFamily(
+        "crossbar_host_draining", "1 when the host is draining, else 0.", labels=["host"]
+    )
+    flips = CounterMetricFamily(
+        "crossbar_host_health_flips", "Health changes of each host.", labels=["host"]
+    )
+    counted = hosts.flips
+    for name in config.hosts:
+        pins.add_metric([name], pinned.get(name, 0))
+        healthy.add_metric([name], 1 if hosts.healthy(name) else 0)
+        draining.add_metric([name], 1 if hosts.draining(name) else 0)
+        flips.add_metric([name], counted.get(name, 0))
+    yield from (leases, pins, healthy, draining, flips)
+    yield CounterMetricFamily(
+        "crossbar_probe_errors",
+        "Bugs caught in health probe rounds (a probe that fails is not one).",
+        value=hosts.probe_errors,
+    )

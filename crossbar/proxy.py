@@ -1,68 +1,84 @@
-"""The client-facing Resource: route, lease, slot, forward, stream back (SPEC §4)."""
+"""The client-facing Resource: one request's sequence (SPEC §4).
+
+route → dialect → model → fingerprint → lease → guard → slot → upstream → relay → usage
+
+Each step is another module's; this one only orders them, answers what crossbar answers
+itself, and keeps the running requests so a stop can drain them.
+"""
 
 from __future__ import annotations
 
 import json
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import urlsplit
 
 from attrs import frozen
-from twisted.internet.defer import CancelledError, Deferred, DeferredList
-from twisted.internet.defer import TimeoutError as GraceOver
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from crossbar.app import App
-from crossbar.errors import ClientError, not_found, unavailable
-from crossbar.fingerprint import fingerprint
-from crossbar.forward import UpstreamFailure
-from crossbar.guard import prompt_chars
-from crossbar.lease import Acquired, Key, NoHost, PinnedDown
-from crossbar.limiter import QueueFull, QueueTimeout
-from crossbar.records import UsageRow
-from crossbar.respond import (
-    Exchange,
-    answer_error,
-    answer_json,
-    header_reader,
-    models_list,
-    relay,
-    upstream_headers,
+from crossbar.config import Config
+from crossbar.dialects import OPENAI_CHAT, Dialect, Kind, classify
+from crossbar.errors import (
+    INTERNAL,
+    ClientError,
+    Where,
+    bad_request,
+    for_exception,
+    not_found,
+    unavailable,
+    write_error,
 )
-from crossbar.routing import Kind, Target, check_key, choose_model, kind_of, parse_body, split_route
-from crossbar.sidecalls import exact_count, named_origin
+from crossbar.fingerprint import fingerprint
+from crossbar.guard import ContextGuard
+from crossbar.hosts import Hosts
+from crossbar.ids import IdMemory
+from crossbar.inbound import Inbound, header_reader, json_object
+from crossbar.lease import Acquired, Key, LeaseError, NoHost, Table
+from crossbar.limiter import Limiter, LimiterError, Release
+from crossbar.relay import Relay
+from crossbar.route import Route
+from crossbar.routing import check_key, choose_model, resolve_route, split_route
+from crossbar.upstream import Upstream, UpstreamFailure, prepare, renamed_body
+from crossbar.usage import Exchange, UsageRecorder
 
 log = Logger(namespace="crossbar.proxy")
-_INTERNAL = ClientError(500, "api_error", "crossbar failed on this request; try again")
+_REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
 
 
 @frozen
 class Call:
-    """A parsed request on its way upstream."""
+    """A request understood: its route, API, kind, model, conversation and lease key."""
 
-    request: Any
+    route: Route
+    dialect: Dialect
     kind: Kind
-    method: str
-    target: Target
-    body: Any
-    raw: bytes
+    inbound: Inbound
+    model: str
     key: Key
     candidates: tuple[str, ...]
-    origin_host: str | None  # the host of the completion the request names, if any
+    origin: str | None  # the host of the running completion a control call names
 
 
 def _noop() -> None:
     pass
 
 
-def _rewrite_model_query(query: str, model: Any) -> str:
-    """`?model=` names the model the host's way too, like the body's "model"."""
-    if not query or model is None or not model.upstream or "model=" not in query:
-        return query
-    pairs = parse_qsl(query, keep_blank_values=True)
-    return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
+def _answer_json(request: Any, ex: Exchange, obj: Any) -> None:
+    ex.status = 200
+    request.setResponseCode(200)
+    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+    request.write(json.dumps(obj).encode())
+    request.finish()
+
+
+def models_list(models: list[str]) -> dict[str, Any]:
+    """The route's models in OpenAI's list format."""
+    data = [{"id": m, "object": "model", "created": 0, "owned_by": "crossbar"} for m in models]
+    return {"object": "list", "data": data}
 
 
 class ProxyResource(Resource):
@@ -70,261 +86,310 @@ class ProxyResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, app: App) -> None:
+    def __init__(
+        self,
+        config: Config,
+        clock: IReactorTime,
+        table: Table,
+        hosts: Hosts,
+        limiter: Limiter,
+        upstream: Upstream,
+        guard: ContextGuard,
+        ids: IdMemory,
+        usage: UsageRecorder,
+    ) -> None:
         super().__init__()
-        self.app = app
-        self.active: dict[Any, Deferred[None]] = {}  # request -> its handling, until accounted
+        self._config = config
+        self._clock = clock
+        self._table = table
+        self._hosts = hosts
+        self._limiter = limiter
+        self._upstream = upstream
+        self._guard = guard
+        self._ids = ids
+        self._usage = usage
+        self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
+        self._settled: list[Deferred[None]] = []  # waiters for "no request running"
+
+    def reconfigure(self, config: Config) -> None:
+        """Serve the reloaded config from the next request on."""
+        self._config = config
+
+    @property
+    def running(self) -> int:
+        """Requests being handled now."""
+        return len(self._active)
+
+    # -- lifecycle of one request, and of all of them
 
     def render(self, request: Any) -> Any:
-        ex = Exchange(started=self.app.clock.seconds())
+        ex = Exchange(started=self._clock.seconds())
         # Asked for before serving: a request answered at once never fires a later notice.
         finished = request.notifyFinish()
         d = Deferred.fromCoroutine(self._serve(request, ex))
         finished.addErrback(lambda _: d.cancel())
         d.addErrback(self._crashed, request)
         if not d.called:
-            self.active[request] = d
-
-            def settled(result: object) -> object:
-                self.active.pop(request, None)
-                return result
-
-            d.addBoth(settled)
+            self._active[request] = (d, ex)
+            d.addBoth(self._forget, request)
         return NOT_DONE_YET
 
+    def _forget(self, result: object, request: Any) -> object:
+        self._active.pop(request, None)
+        if not self._active:
+            waiters, self._settled = self._settled, []
+            for waiter in waiters:
+                waiter.callback(None)
+        return result
+
+    def _all_settled(self, within: float) -> Deferred[None]:
+        """Fires when no request runs, or after `within` seconds, whichever is first."""
+        d: Deferred[None] = Deferred()
+        if not self._active:
+            d.callback(None)
+            return d
+        self._settled.append(d)
+
+        def give_up() -> None:
+            self._settled.remove(d)
+            d.callback(None)
+
+        timer = self._clock.callLater(within, give_up)
+
+        def done(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(done)
+
     async def drain(self, grace: float) -> int:
-        """Wait up to `grace` seconds for running requests to finish; abort the rest and wait
-        for their usage rows. Returns how many were aborted."""
-        if await self._settle(grace):
-            return 0
-        left = list(self.active)
-        for request in left:
+        """Let running requests finish for up to `grace` seconds, then abort the rest: their
+        connections are closed and their usage rows say "shutdown". Returns how many were
+        aborted, once their rows are written."""
+        await self._all_settled(grace)
+        left = list(self._active.items())
+        for request, (d, ex) in left:
+            ex.error = "shutdown"
             if request.channel is not None:
                 request.channel.transport.abortConnection()
-        await self._settle(5.0)
+            d.cancel()
+        await self._all_settled(grace + 5)
         return len(left)
-
-    async def _settle(self, seconds: float) -> bool:
-        """True when every request in hand finished within `seconds`."""
-        if not self.active:
-            return True
-        everything = DeferredList(list(self.active.values()), consumeErrors=True)
-        everything.addTimeout(seconds, self.app.clock)
-        try:
-            await everything
-        except GraceOver:
-            return False
-        return True
-
-    async def _serve(self, request: Any, ex: Exchange) -> None:
-        try:
-            await self._dispatch(request, ex)
-        except ClientError as e:
-            ex.status, ex.error = e.status, ex.error or e.message
-            answer_error(request, e)
-        except CancelledError:
-            ex.status = ex.status or 499
-            ex.error = ex.error or "client disconnected"
-        except Exception:
-            log.failure("request failed inside crossbar")
-            ex.status, ex.error = 500, "internal error"
-            answer_error(request, _INTERNAL)
-        finally:
-            if ex.route:
-                self._account(ex)
 
     def _crashed(self, failure: Failure, request: Any) -> None:
         # Last resort: _serve handles its own errors, so only a bug in that handling gets here.
         if failure.check(CancelledError):
             return
         log.failure("request failed inside crossbar", failure)
-        answer_error(request, _INTERNAL)
+        write_error(request, INTERNAL)
 
-    async def _dispatch(self, request: Any, ex: Exchange) -> None:
-        app, config = self.app, self.app.config
-        method = request.method.decode("ascii", "replace")
-        query = urlsplit(request.uri.decode("utf-8", "replace")).query
-        header = header_reader(request)
-        target = split_route(
-            config, request.path.decode("utf-8", "replace"), query, header("X-Crossbar-Route")
-        )
-        route = target.route
-        ex.route, ex.path = route.name, target.path
+    async def _serve(self, request: Any, ex: Exchange) -> None:
+        dialect = OPENAI_CHAT
+        try:
+            raw_path = request.path.decode("utf-8", "replace")
+            header = header_reader(request.requestHeaders)
+            name, path = split_route(self._config, raw_path, header("X-Crossbar-Route"))
+            method = request.method.decode("ascii", "replace")
+            dialect, kind = classify(method, path)
+            ex.path = path
+            route = resolve_route(self._config, name)
+            ex.route = route.name
+            await self._handle(request, ex, route, dialect, kind, method, path)
+        except ClientError as e:
+            ex.status, ex.error = e.status, ex.error or e.message
+            write_error(request, e, dialect)
+        except CancelledError:
+            ex.status = ex.status or (503 if ex.error == "shutdown" else 499)
+            ex.error = ex.error or "client disconnected"
+        except Exception:
+            log.failure("request failed inside crossbar")
+            ex.status, ex.error = 500, "internal error"
+            write_error(request, INTERNAL, dialect)
+        finally:
+            if ex.route:
+                self._usage.finish(ex)
+
+    async def _handle(
+        self,
+        request: Any,
+        ex: Exchange,
+        route: Route,
+        dialect: Dialect,
+        kind: Kind | None,
+        method: str,
+        path: str,
+    ) -> None:
+        header = header_reader(request.requestHeaders)
         check_key(route, header("Authorization"), header("X-Api-Key"))
-        kind = kind_of(method, target.path)
         if kind is None:
-            raise not_found(f"crossbar does not serve {method} {target.path}")
+            raise not_found(f"crossbar does not serve {method} {path}")
         if kind is Kind.MODELS:
-            return answer_json(request, 200, models_list(config.models_of(route)), ex)
+            return _answer_json(request, ex, models_list(self._config.models_of(route)))
         if kind is Kind.HEALTH:
-            healthy = [h for h in route.hosts if app.hosts.healthy(h)]
+            healthy = [h for h in route.hosts if self._hosts.healthy(h)]
             if not healthy:
                 raise unavailable(f"no host of route {route.name!r} is healthy", retry_after=5)
-            return answer_json(request, 200, {"status": "ok", "healthy_hosts": healthy}, ex)
+            return _answer_json(request, ex, {"status": "ok", "healthy_hosts": healthy})
+        call = self._understand(request, ex, route, dialect, kind, method, path)
+        await self._forward(request, call, ex)
+
+    def _understand(
+        self,
+        request: Any,
+        ex: Exchange,
+        route: Route,
+        dialect: Dialect,
+        kind: Kind,
+        method: str,
+        path: str,
+    ) -> Call:
+        """Body, model, fingerprint and lease key of a request for a host."""
+        config = self._config
         raw = request.content.read()
-        body = parse_body(kind, method, target.path, raw)
+        body = _read_body(kind, dialect, method, path, raw)
+        query = urlsplit(request.uri.decode("utf-8", "replace")).query
+        peer = getattr(request.getClientAddress(), "host", "")
+        inbound = Inbound(method, path, query, raw, body, request.requestHeaders, peer,
+                          request.isSecure())  # fmt: skip
         ex.model = model = choose_model(config, route, body, query)
         candidates = tuple(config.hosts_for(route, model))
-        ex.fp = fingerprint(header, body, target.path, config.server.fingerprint_chars)
-        ex.chars = prompt_chars(body) if kind is Kind.INFERENCE else 0
-        origin = named_origin(app, target.path, body, app.clock.seconds())
-        if origin is not None and origin.fp:
-            ex.fp = origin.fp  # a Responses chain is the conversation of its first response
+        header = header_reader(request.requestHeaders)
+        ex.fp = fingerprint(header, body, dialect, config.server.fingerprint_chars)
+        if kind is Kind.INFERENCE:
+            ex.prompt_chars = dialect.prompt_chars(body)
+        origin = None
+        named = dialect.named_id(path, body) if isinstance(body, dict) else None
+        if isinstance(named, str) and named:
+            remembered = self._ids.lookup(named, self._clock.seconds())
+            if remembered is not None:
+                if remembered.fp:
+                    ex.fp = remembered.fp  # a Responses chain is its first response's conversation
+                # A control call acts on one running completion: it goes where that runs,
+                # pinned route or not. A Responses chain only takes its conversation's lease.
+                if kind is Kind.CONTROL and remembered.host in candidates:
+                    origin = remembered.host
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
-        # A control call acts on one running completion: it goes where that completion runs,
-        # pinned route or not. A Responses chain only takes its conversation's lease (so a pin
-        # still wins, as it does for every turn of a conversation).
-        origin_host = None
-        if origin is not None and kind is Kind.CONTROL and origin.host in candidates:
-            origin_host = origin.host
-        call = Call(request, kind, method, target, body, raw, key, candidates, origin_host)
-        await self._forward(call, ex)
+        return Call(route, dialect, kind, inbound, model, key, candidates, origin)
 
-    async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
-        """The host for this call: a named completion's own host, else the lease's."""
-        app = self.app
-        if call.origin_host is not None and app.hosts.healthy(call.origin_host):
-            pinned = app.table.pinned(call.key.route) is not None
-            return Acquired(call.origin_host, reused=True, pinned=pinned)
-        route = call.target.route
-        try:
-            return await app.table.acquire(call.key, call.candidates, app.clock.seconds())
-        except PinnedDown as e:
-            raise unavailable(
-                f"route {route.name!r} is pinned to host {e.host!r}, which is down; "
-                "ask the operator to unpin or wait for it",
-                retry_after=app.config.server.health_interval,
-            ) from None
-        except NoHost:
-            if failed is not None:  # the host that just failed was the last one left
-                raise failed[1].client_error(failed[0]) from None
-            raise unavailable(
-                f"no healthy host can take model {call.key.model!r} on route {route.name!r} now",
-                retry_after=app.config.server.health_interval,
-            ) from None
+    # -- the way to a host and back
 
-    async def _forward(self, call: Call, ex: Exchange) -> None:
-        app = self.app
+    async def _forward(self, request: Any, call: Call, ex: Exchange) -> None:
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
-        removed_retries = 3
+        removed = 0
         while True:
             acquired = await self._place(call, failed)
             ex.host = host = acquired.host
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
             if call.kind is Kind.INFERENCE:
-                await self._guard(call, host)
+                await self._check_context(call, host, ex)
             release = await self._slot(call, host, ex)
-            if host not in app.config.hosts:  # a reload removed it while we waited
+            host_config = self._config.hosts.get(host)
+            if host_config is None:  # a reload removed it while we waited
                 release()
-                if removed_retries := removed_retries - 1:
+                removed += 1
+                if removed < _REMOVED_RETRIES:
                     continue
                 raise unavailable(f"host {host} was removed from the config; try again", 1)
             try:
-                response = await self._send(call, host)
+                response = await self._upstream.send(prepare(host_config, call.model, call.inbound))
             except UpstreamFailure as failure:
                 release()
                 if failure.host_fault:
-                    app.hosts.passive_failure(host, failure.reason)
+                    self._hosts.passive_failure(host, failure.reason)
                     if call.kind is Kind.INFERENCE and failed is None:
                         failed = (host, failure)  # the lease moves (unhealthy) on this acquire
                         continue
                 ex.error = f"upstream {failure.reason}"
-                raise failure.client_error(host) from None
+                raise for_exception(failure, self._where(call, host)) from None
             except BaseException:
                 release()
                 raise
             try:
-                await relay(app, call.request, ex, response)
+                await self._relay(request, call, ex, response)
             finally:
                 release()
             return
 
-    async def _guard(self, call: Call, host: str) -> None:
+    def _where(self, call: Call, host: str = "") -> Where:
+        return Where(
+            call.route.name,
+            call.model,
+            host,
+            retry_after=self._config.server.health_interval,
+            queued=self._limiter.queued(host, call.model) if host else 0,
+        )
+
+    async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
+        """The host for this call: a named completion's own host, else the lease's."""
+        if call.origin is not None and self._hosts.healthy(call.origin):
+            pinned = self._table.pinned(call.key.route) is not None
+            return Acquired(call.origin, reused=True, pinned=pinned)
+        now = self._clock.seconds()
+        try:
+            return await self._table.acquire(call.key, call.candidates, now, call.route.peers)
+        except NoHost as e:
+            if failed is not None:  # the host that just failed was the last one left
+                raise for_exception(failed[1], self._where(call, failed[0])) from None
+            raise for_exception(e, self._where(call)) from None
+        except LeaseError as e:
+            raise for_exception(e, self._where(call)) from None
+
+    async def _check_context(self, call: Call, host: str, ex: Exchange) -> None:
         """SPEC §7: refuse what cannot fit in the host's slot before anything goes upstream."""
-        app, model = self.app, call.key.model
+        host_config = self._config.hosts.get(host)
+        if host_config is None:
+            return
+        body = renamed_body(call.inbound.body, host_config.model(call.model))
 
         async def count() -> int | None:
-            return await exact_count(app, host, call.target.path, self._body_for(call, host))
+            return await self._upstream.count_tokens(host_config, call.dialect, body)
 
-        await app.guard.check(model, host, app.hosts.ctx(host, model), call.body, count)
+        limit = self._hosts.ctx(host, call.model)
+        output = call.dialect.output_limit(body)
+        await self._guard.check(call.model, host, limit, ex.prompt_chars, output, count)
 
-    async def _slot(self, call: Call, host: str, ex: Exchange) -> Any:
-        limiter, model = self.app.limiter, call.key.model
+    async def _slot(self, call: Call, host: str, ex: Exchange) -> Release:
         if call.kind is not Kind.INFERENCE:
             return _noop  # control calls take neither a slot nor a queue place
-        if not call.target.route.queues():
-            return limiter.track(host, model)
-        waited = self.app.clock.seconds()
+        if not call.route.queues():
+            return self._limiter.track(host, call.model)
+        waited = self._clock.seconds()
         try:
-            return await limiter.acquire(host, model)
-        except QueueFull as e:
-            raise ClientError(
-                429,
-                "rate_limit_error",
-                f"host {host} has {limiter.queued(host, model)} requests waiting for "
-                f"{model!r}; retry later",
-                headers={"Retry-After": str(max(1, round(e.retry_after)))},
-            ) from None
-        except QueueTimeout as e:
-            raise unavailable(
-                f"waited too long for a free slot on host {host}; retry later", e.retry_after
-            ) from None
+            return await self._limiter.acquire(host, call.model)
+        except LimiterError as e:
+            raise for_exception(e, self._where(call, host)) from None
         finally:
-            ex.queue_ms += (self.app.clock.seconds() - waited) * 1000
+            ex.queue_ms += (self._clock.seconds() - waited) * 1000
 
-    def _body_for(self, call: Call, host: str) -> Any:
-        """The body as `host` gets it: `model` rewritten to the host's upstream name."""
-        body = call.body
-        model = self.app.config.hosts[host].model(call.key.model)
-        if not isinstance(body, dict) or model is None:
-            return body
-        name = model.upstream_name
-        if body.get("model", name) != name or (model.upstream and "model" not in body):
-            return {**body, "model": name}
-        return body
+    async def _relay(self, request: Any, call: Call, ex: Exchange, response: Any) -> None:
+        host, fp = ex.host, ex.fp
 
-    async def _send(self, call: Call, host: str) -> Any:
-        host_config = self.app.config.hosts[host]
-        body = self._body_for(call, host)
-        raw = call.raw if body is call.body else json.dumps(body).encode()
-        query = _rewrite_model_query(call.target.query, host_config.model(call.key.model))
-        url = (host_config.url + call.target.path + (f"?{query}" if query else "")).encode()
-        headers = upstream_headers(call.request, host_config.api_key)
-        payload = raw if (raw or call.method == "POST") else None
-        method = call.method.encode()
-        upstream = self.app.upstream
-        try:
-            return await upstream.send(method, url, headers, payload)
-        except UpstreamFailure as failure:
-            if not failure.reused:
-                raise
-        # A pooled connection died under us: a keep-alive race, not the host. Once, fresh.
-        return await upstream.send(method, url, headers, payload, fresh=True)
+        def remember(id_: str) -> None:
+            self._usage.remember_id(id_, host, fp)
 
-    def _account(self, ex: Exchange) -> None:
-        app = self.app
-        now = app.clock.seconds()
-        tokens = ex.meter.tokens if ex.meter is not None else None
-        row = UsageRow(
-            at=now,
-            route=ex.route,
-            fp=ex.fp,
-            model=ex.model,
-            host=ex.host,
-            path=ex.path,
-            status=ex.status,
-            stream=ex.stream,
-            prompt_tokens=tokens.prompt if tokens else 0,
-            cached_tokens=tokens.cached if tokens else 0,
-            completion_tokens=tokens.completion if tokens else 0,
-            queue_ms=round(ex.queue_ms, 3),
-            ttfb_ms=round(ex.ttfb_ms, 3) if ex.ttfb_ms is not None else None,
-            duration_ms=round((now - ex.started) * 1000, 3),
-            lease=ex.lease,
-            error=ex.error,
+        relay = Relay(
+            request, self._clock, self._upstream.idle_timeout, call.dialect, host, remember
         )
-        app.record(row)
-        if tokens and tokens.prompt and ex.chars:
-            app.guard.learn(ex.model, ex.chars, tokens.prompt)
-        if ex.meter is not None and ex.meter.ids and not ex.remembered:
-            app.ids.remember(ex.meter.ids, ex.host, ex.fp, now)
+        extra = [
+            (b"X-Crossbar-Host", host.encode()),
+            (b"X-Crossbar-Lease", ex.lease.encode()),
+            (b"X-Crossbar-Queue-Ms", str(round(ex.queue_ms)).encode()),
+        ]
+        try:
+            await relay.run(response, extra)
+        finally:
+            ex.status, ex.stream = relay.status, relay.stream
+            ex.first_byte, ex.tokens = relay.first_byte, relay.tokens
+            ex.error = relay.error or ex.error
+
+
+def _read_body(kind: Kind, dialect: Dialect, method: str, path: str, raw: bytes) -> Any:
+    """The JSON body: an object for inference; JSON (or nothing) for control calls."""
+    if method != "POST" and not raw:
+        return None
+    if not raw.strip():
+        if kind is Kind.INFERENCE:
+            raise bad_request("the request body is empty: send a JSON object")
+        return None
+    return json_object(raw, allow_array=path in dialect.array_bodies)

@@ -7,7 +7,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from crossbar.config_fields import NAME, Errors, Table, quote
+from crossbar.config_fields import NAME, Errors, Section, quote
 
 AFFINITIES = ("conversation", "route")
 
@@ -54,7 +54,7 @@ def valid_route_name(name: str) -> bool:
     return NAME.fullmatch(name) is not None
 
 
-def read_route_body(table: Table, name: str) -> Route:
+def read_route_body(table: Section, name: str) -> Route:
     """Read the keys every route and template share."""
     missing = not table.has("hosts")
     hosts = table.string_list("hosts", None)  # None: missing or already reported
@@ -80,10 +80,10 @@ def read_route_body(table: Table, name: str) -> Route:
 def read_routes(errors: Errors, data: Any) -> dict[str, Route]:
     """Read `[routes.*]`."""
     routes: dict[str, Route] = {}
-    outer = Table(errors, "routes", data)
+    outer = Section(errors, "routes", data)
     for name in outer.keys():
         path = outer.sub(name)
-        table = Table(errors, path, outer.raw(name))
+        table = Section(errors, path, outer.raw(name))
         if not valid_route_name(name):
             errors.add(path, f"bad route name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
         routes[name] = read_route_body(table, name)
@@ -94,10 +94,10 @@ def read_routes(errors: Errors, data: Any) -> dict[str, Route]:
 def read_templates(errors: Errors, data: Any) -> list[Template]:
     """Read `[templates.*]` in file order (the first matching template wins)."""
     templates: list[Template] = []
-    outer = Table(errors, "templates", data)
+    outer = Section(errors, "templates", data)
     for name in outer.keys():
         path = outer.sub(name)
-        table = Table(errors, path, outer.raw(name))
+        table = Section(errors, path, outer.raw(name))
         if not table.has("match"):
             errors.add(table.sub("match"), 'missing (a shell-style glob such as "proj-*")')
         match = table.string("match")

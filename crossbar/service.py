@@ -1,94 +1,172 @@
-"""crossbar as a twistd service: listeners, health and sweep loops, reload, graceful stop."""
+"""crossbar as a twistd service: parts, listeners and timers composed; reload; graceful stop.
+
+`CrossbarService` is a MultiService. Starting it builds the parts (the store opens, leases and
+pins come back), then adds its children in order: the probe timer (its first round runs at
+once, and the proxy port opens only after it, so a host that is down is known before the first
+client), the sweep timer, the proxy listener and the admin listener. A reload calls
+`reconfigure(config)` on each part in turn. A stop closes the listeners, stops the timers,
+gives running requests `shutdown_grace` and aborts the rest, then closes the upstream pool and,
+last, the store.
+"""
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred
+from twisted.application.internet import StreamServerEndpointService, TimerService
+from twisted.application.service import MultiService, Service
+from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.task import LoopingCall
+from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
 from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import implementer
 
-from crossbar.app import App
-from crossbar.build import build_app
 from crossbar.config import Config, ConfigError, load_config
-from crossbar.logs import log_request
-from crossbar.metrics import Metrics
-from crossbar.proxy import ProxyResource
-from crossbar.site import ProxySite
+from crossbar.hosts import Hosts
+from crossbar.store import Store
+from crossbar.sweep import Sweep
+from crossbar.wiring import Parts, Sites, build_parts, make_sites
 
 log = Logger(namespace="crossbar")
+_RESTART_KEYS = ("listen", "admin_listen", "db")
 
 
-def make_service(config: Config, reactor: Any = None, admin_factory: Any = None) -> CrossbarService:
-    """crossbar's service for `config` on `reactor` (the global one by default)."""
-    if reactor is None:
-        from twisted.internet import reactor as default
+def _guarded(fn: Callable[[], Any], what: str) -> Callable[[], Deferred[Any]]:
+    """`fn` for a timer: an error is logged, never raised (it would stop the timer)."""
 
-        reactor = default
-    return CrossbarService(config, reactor, admin_factory=admin_factory)
+    def call() -> Deferred[Any]:
+        d = maybeDeferred(fn)
+        d.addErrback(lambda f: log.failure("{what} failed; it runs again next time", f, what=what))
+        return d
+
+    return call
+
+
+class Every(TimerService):
+    """Runs `fn` every `step(config)` seconds on `clock`, the first time at start; a reload
+    may change the step. `fn` never stops it."""
+
+    def __init__(
+        self, name: str, step: Callable[[Config], float], config: Config, fn: Any, clock: Any
+    ) -> None:
+        super().__init__(step(config), _guarded(fn, name))
+        self.setName(name)
+        self.clock = clock
+        self._step_of = step
+
+    async def reconfigure(self, config: Config) -> None:
+        """Take the reloaded step (a new period starts now)."""
+        step = self._step_of(config)
+        if step == self.step:
+            return
+        if self.running:
+            await self.stopService()
+            self.step = step
+            self.startService()
+        else:
+            self.step = step
+
+
+@implementer(IStreamServerEndpoint)
+class _Announcing:
+    """An endpoint whose `listening` fires with the port (or the failure to listen)."""
+
+    def __init__(self, endpoint: IStreamServerEndpoint) -> None:
+        self._endpoint = endpoint
+        self.listening: Deferred[IListeningPort] = Deferred()
+
+    def listen(self, factory: Any) -> Deferred[IListeningPort | None]:
+        def bad(failure: Failure) -> None:
+            self.listening.errback(failure)  # start-up reports it; not logged twice
+
+        def good(port: IListeningPort) -> IListeningPort:
+            self.listening.callback(port)
+            return port
+
+        return self._endpoint.listen(factory).addCallbacks(good, bad)
 
 
 class CrossbarService(MultiService):
-    """Builds the app, probes every host once, then opens the proxy (and admin) ports.
+    """The whole of one crossbar. `ready` fires once both ports listen (or errbacks when
+    start-up failed); `proxy_port` and `admin_port` are the ports then."""
 
-    `ready` fires once the ports are open (or errbacks if start-up failed); `proxy_port`
-    and `admin_port` are the listening ports then.
-    """
-
-    def __init__(self, config: Config, reactor: Any, admin_factory: Any = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        reactor: Any,
+        store: Store | None = None,
+        endpoints: IAgentEndpointFactory | None = None,
+    ) -> None:
+        """`store` and `endpoints` replace the database and TCP to the hosts in tests."""
         super().__init__()
         self.config = config
         self.reactor = reactor
-        self.admin_factory = admin_factory
-        self.app: App | None = None
-        self.metrics: Metrics | None = None
-        self.proxy: ProxyResource | None = None
-        self.site: ProxySite | None = None
-        self.proxy_port: Any = None
-        self.admin_port: Any = None
+        self._store = store
+        self._endpoints = endpoints
+        self.parts: Parts | None = None
+        self.sites: Sites | None = None
+        self.proxy_port: IListeningPort | None = None
+        self.admin_port: IListeningPort | None = None
         self.ready: Deferred[None] = Deferred()
-        self._sweep = LoopingCall(self.sweep)
-        self._sweep.clock = reactor
+        self._reconfigurable: list[Callable[[Config], Awaitable[Any] | Any]] = []
         self._starting: Deferred[None] | None = None
         self._previous_sighup: Any = None
+        self._dropped = 0  # leases the last reload dropped with their hosts
 
     def startService(self) -> None:
-        super().startService()
+        # The children are added (and so started) by _start, once the parts exist.
+        Service.startService(self)
         self._starting = Deferred.fromCoroutine(self._start())
         self._starting.addCallbacks(self.ready.callback, self._start_failed)
 
     async def _start(self) -> None:
-        config = self.config
-        self.app = app = await build_app(config, self.reactor)
-        app.observers.append(log_request)
-        self.metrics = Metrics(app).attach()  # before any traffic: /metrics misses nothing
-        # Hosts start healthy; one round of probes (bounded by health_timeout) comes first so a
-        # host that is down is known before the first client arrives. Leases are already loaded.
-        await app.hosts.start()
-        self._sweep.start(config.server.sweep_interval, now=False)
-        self.proxy = ProxyResource(app)
-        self.site = ProxySite(
-            self.proxy, max_body=config.server.max_body, access_log=False, reactor=self.reactor
-        )
-        endpoint = serverFromString(self.reactor, config.server.listen)
-        self.proxy_port = await endpoint.listen(self.site)
-        if self.admin_factory is not None:
-            admin_site = self.admin_factory(self)
-            admin = serverFromString(self.reactor, config.server.admin_listen)
-            self.admin_port = await admin.listen(admin_site)
+        config, reactor = self.config, self.reactor
+        s = config.server
+        self.parts = parts = await build_parts(config, reactor, self._store, self._endpoints)
+        self.sites = sites = make_sites(config, parts, self.reload)
+        sweep = Sweep(config, parts.table, parts.store, reactor)
+        probes = probe_timer(config, parts.hosts, reactor)
+        probes.setServiceParent(self)  # its first round starts now...
+        await parts.hosts.probe_all()  # ...and the proxy port waits for it
+        sweeper = Every("sweep", _sweep_interval, config, sweep.run, reactor)
+        sweeper.setServiceParent(self)
+        self.proxy_port = await self._listen("proxy", s.listen, sites.proxy)
+        self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
+        self._reconfigurable = [
+            parts.hosts.reconfigure,
+            parts.limiter.reconfigure,
+            parts.upstream.reconfigure,
+            parts.ids.reconfigure,
+            parts.metrics.reconfigure,
+            self._reconfigure_table,
+            sweep.reconfigure,
+            sites.proxy.reconfigure,
+            sites.resource.reconfigure,
+            sites.api.reconfigure,
+            probes.reconfigure,
+            sweeper.reconfigure,
+        ]
         self._install_sighup()
         log.info(
             "crossbar listening on {listen} (admin {admin}); {hosts} hosts, {leases} leases",
-            listen=config.server.listen,
-            admin=config.server.admin_listen,
+            listen=s.listen,
+            admin=s.admin_listen,
             hosts=len(config.hosts),
-            leases=len(app.table.snapshot()),
+            leases=len(parts.table),
         )
 
-    def _start_failed(self, failure: Any) -> None:
+    async def _listen(self, name: str, description: str, site: Any) -> IListeningPort:
+        endpoint = _Announcing(serverFromString(self.reactor, description))
+        listener = StreamServerEndpointService(endpoint, site)
+        listener.setName(name)
+        listener.setServiceParent(self)
+        return await endpoint.listening
+
+    def _start_failed(self, failure: Failure) -> None:
         log.failure("crossbar could not start", failure)
         self.ready.errback(failure)
         if getattr(self.reactor, "running", False) and self.running:
@@ -103,26 +181,6 @@ class CrossbarService(MultiService):
             )
         except ValueError:  # not the main thread
             self._previous_sighup = None
-
-    async def sweep(self) -> None:
-        """Expire idle leases and prune old events and usage. Never raises (it would stop)."""
-        app = self.app
-        if app is None:
-            return
-        try:
-            now = self.reactor.seconds()
-            s = app.config.server
-            expired = await app.table.expire_idle(now)
-            events, usage = await app.store.prune(now - s.events_retention, now - s.usage_retention)
-            if expired or events or usage:
-                log.info(
-                    "sweep: {expired} leases expired; pruned {events} events, {usage} usage rows",
-                    expired=expired,
-                    events=events,
-                    usage=usage,
-                )
-        except Exception:
-            log.failure("sweep failed; it runs again next interval")
 
     def _sighup(self) -> None:
         d = Deferred.fromCoroutine(self.reload())
@@ -140,41 +198,32 @@ class CrossbarService(MultiService):
         return await self.apply(new)
 
     async def apply(self, new: Config) -> list[str]:
-        """Switch to a validated config without dropping in-flight requests."""
-        app = self.app
-        assert app is not None
+        """Switch every part to a validated config without dropping in-flight requests."""
         old = self.config
         notes = [
             f"server.{key} changed; it takes effect at restart"
-            for key in ("listen", "admin_listen", "db")
+            for key in _RESTART_KEYS
             if getattr(old.server, key) != getattr(new.server, key)
         ]
-        removed = set(old.hosts) - set(new.hosts)
-        self.config = app.config = new
-        app.hosts.reconfigure(new)
-        s = new.server
-        app.limiter.configure(s.queue_max, s.queue_timeout)
-        app.upstream.idle_timeout = s.upstream_idle_timeout
-        app.upstream.set_connect_timeout(s.upstream_connect_timeout)
-        app.table.set_idle(s.lease_idle)
-        app.ids.size, app.ids.ttl = s.remember_ids, s.lease_idle
-        if self._sweep.running and s.sweep_interval != old.server.sweep_interval:
-            self._sweep.stop()
-            self._sweep.start(s.sweep_interval, now=False)
-        if self.site is not None:
-            self.site.max_body = new.server.max_body
+        removed = sorted(set(old.hosts) - set(new.hosts))
+        self.config = new
+        self._dropped = 0
+        for reconfigure in self._reconfigurable:
+            result = reconfigure(new)
+            if isinstance(result, Awaitable):
+                await result
         if removed:
-            dropped = await app.table.drop_hosts(removed, self.reactor.seconds())
-            for host in removed:
-                app.ids.forget_host(host)
-            notes.append(f"hosts removed: {', '.join(sorted(removed))} ({dropped} leases dropped)")
+            notes.append(f"hosts removed: {', '.join(removed)} ({self._dropped} leases dropped)")
         for note in notes:
             log.warn("reload: {note}", note=note)
         log.info("config reloaded from {path}", path=new.path or "(memory)")
         return notes
 
+    async def _reconfigure_table(self, config: Config) -> None:
+        assert self.parts is not None
+        self._dropped = await self.parts.table.reconfigure(config, self.reactor.seconds())
+
     def stopService(self) -> Deferred[None]:
-        super().stopService()
         return Deferred.fromCoroutine(self._stop())
 
     async def _stop(self) -> None:
@@ -183,17 +232,42 @@ class CrossbarService(MultiService):
             self._starting.cancel()
         if self._previous_sighup is not None:
             signal.signal(signal.SIGHUP, self._previous_sighup)
-        for port in (self.proxy_port, self.admin_port):
-            if port is not None:
-                await port.stopListening()
-        if self._sweep.running:
-            self._sweep.stop()
-        app = self.app
-        if app is None:
+            self._previous_sighup = None
+        parts = self.parts
+        if parts is not None:
+            parts.hosts.stop()  # probes under way end now, so the probe timer stops at once
+        await MultiService.stopService(self)  # the listeners, then the timers
+        if parts is None:
             return
-        await app.hosts.stop()
-        if self.proxy is not None:
-            await self.proxy.drain(self.config.server.shutdown_grace)
-        await app.upstream.close()
-        await app.store.close()  # last: every row written before the stop is kept
+        if self.sites is not None:
+            aborted = await self.sites.resource.drain(self.config.server.shutdown_grace)
+            if aborted:
+                log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
+        await parts.upstream.close()
+        await parts.store.close()  # last: every row written before the stop is kept
         log.info("crossbar stopped")
+
+
+def _health_interval(config: Config) -> float:
+    return config.server.health_interval
+
+
+def probe_timer(config: Config, hosts: Hosts, clock: Any) -> Every:
+    """Probe rounds every `health_interval`, the first at once; a slow round delays the next
+    instead of overlapping it."""
+    return Every("probes", _health_interval, config, hosts.probe_all, clock)
+
+
+def _sweep_interval(config: Config) -> float:
+    return config.server.sweep_interval
+
+
+def make_service(
+    config: Config, reactor: Any = None, store: Store | None = None
+) -> CrossbarService:
+    """crossbar's service for `config` on `reactor` (the global one by default)."""
+    if reactor is None:
+        from twisted.internet import reactor as default
+
+        reactor = default
+    return CrossbarService(config, reactor, store=store)

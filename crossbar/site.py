@@ -1,12 +1,17 @@
-"""The client-facing Site: a request body limit enforced while the body arrives."""
+"""Sites that bound request bodies while they arrive: the proxy's and the admin API's."""
 
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from twisted.web.server import Request, Site
 
-from crossbar.errors import ClientError
+from crossbar.config import Config
+from crossbar.dialects import ErrorShape, classify
+from crossbar.errors import ClientError, phrase
+from crossbar.routing import split_route
+from crossbar.twisted_private import request_line_path
 from crossbar.units import format_size
 
 
@@ -30,7 +35,7 @@ class BoundedRequest(Request):
     _received = 0
 
     def _limit(self) -> int:
-        return getattr(self.channel.site, "max_body", 64 * 1024 * 1024)
+        return self.channel.site.max_body
 
     def gotLength(self, length: int | None) -> None:
         self.content = io.BytesIO()
@@ -54,10 +59,10 @@ class BoundedRequest(Request):
     def _refuse(self) -> None:
         """Answer 413 at once on the raw transport and close: the rest is never read."""
         self._refused = True
-        body = _too_large(self._limit()).body()
+        status = 413
+        body = _too_large(self._limit()).body(self.channel.site.error_shape(self))
         head = (
-            b"HTTP/1.1 413 Payload Too Large\r\n"
-            b"Content-Type: application/json\r\n"
+            b"HTTP/1.1 %d %s\r\n" % (status, phrase(status)) + b"Content-Type: application/json\r\n"
             b"Connection: close\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
         )
@@ -67,19 +72,44 @@ class BoundedRequest(Request):
         self.content = io.BytesIO()
 
 
-class ProxySite(Site):
-    """The client-facing Site; `max_body` is read per request so a reload applies at once."""
+class BoundedSite(Site):
+    """A Site whose requests carry at most `max_body` bytes (read per request, so a reload
+    applies at once)."""
 
     requestFactory = BoundedRequest
 
-    def __init__(self, resource, max_body: int, access_log: bool = True, **kwargs) -> None:
+    def __init__(self, resource: Any, max_body: int, **kwargs: Any) -> None:
         super().__init__(resource, **kwargs)
         self.max_body = max_body
         self.noisy = False
-        self.access_log = access_log
 
-    def log(self, request) -> None:
-        # The proxy logs its own line per request (route, host, lease, tokens); twisted.web's
-        # access line would say it again at about a tenth of the proxy's CPU.
-        if self.access_log:
-            super().log(request)
+    def error_shape(self, request: Any) -> ErrorShape:
+        """The error shape for a request refused before it was routed."""
+        return ErrorShape.OPENAI
+
+
+class ProxySite(BoundedSite):
+    """The client-facing site: its own log line per request (proxy.py's usage observers), not
+    twisted.web's access line; errors before routing in the client's own dialect."""
+
+    def __init__(self, resource: Any, config: Config, **kwargs: Any) -> None:
+        super().__init__(resource, config.server.max_body, **kwargs)
+        self._config = config
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload's `max_body` applies from the next request on."""
+        self._config = config
+        self.max_body = config.server.max_body
+
+    def log(self, request: Any) -> None:
+        # crossbar's request line says more; twisted.web's would repeat it at a tenth of the
+        # proxy's CPU.
+        pass
+
+    def error_shape(self, request: Any) -> ErrorShape:
+        raw = request_line_path(request).split(b"?", 1)[0].decode("utf-8", "replace")
+        try:
+            _, path = split_route(self._config, raw, None)
+        except ClientError:
+            path = raw
+        return classify("POST", path)[0].errors

@@ -98,15 +98,6 @@ class Store:
         if rows or keys or evs:
             await self._run("saving leases", _apply, rows, keys, evs)
 
-    async def save_lease(self, lease: Lease) -> None:
-        await self.apply(save=[lease])
-
-    async def delete_lease(self, route: str, fp: str, model: str) -> None:
-        await self.apply(delete=[Key(route, fp, model)])
-
-    async def record_event(self, event: LeaseEvent) -> None:
-        await self.apply(events=[event])
-
     async def list_leases(self) -> list[Lease]:
         """Every lease and pin row."""
         rows = await self._run("listing leases", _query, f"SELECT {_LEASE_COLUMNS} FROM leases")

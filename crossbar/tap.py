@@ -42,6 +42,4 @@ def makeService(options: Options) -> IService:
     problem = store.check(config.server.db)
     if problem:
         _die([f"server.db: cannot open the store {config.server.db}: {problem}"], "no store")
-    from crossbar.admin import admin_site
-
-    return make_service(config, admin_factory=admin_site)
+    return make_service(config)

@@ -11,7 +11,6 @@ from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.admin import admin_site
 from crossbar.config import load_config
 from crossbar.service import CrossbarService
 from crossbar.testing.fakellama import FakeLlama
@@ -67,8 +66,8 @@ class Running:
     _pool: HTTPConnectionPool = field(factory=lambda: HTTPConnectionPool(reactor))
 
     @property
-    def app(self) -> Any:
-        return self.service.app
+    def parts(self) -> Any:
+        return self.service.parts
 
     @property
     def path(self) -> Path:
@@ -136,7 +135,7 @@ class Running:
 
 async def start_service(path: Path, fakes: dict[str, FakeLlama], token: str = "") -> Running:
     """Start crossbar from the config file at `path`, as twistd would (admin API included)."""
-    service = CrossbarService(load_config(path), reactor, admin_factory=admin_site)
+    service = CrossbarService(load_config(path), reactor)
     service.startService()
     try:
         await wait(service.ready)

@@ -13,6 +13,7 @@ from twisted.python.failure import Failure
 
 from crossbar.config import Config, parse_config
 from crossbar.hosts import Hosts
+from crossbar.service import Every, probe_timer
 
 HANG = "hang"
 TITAN, ATLAS = "http://titan:8080", "http://atlas:8080"
@@ -119,7 +120,8 @@ class World:
         self.log = LogCapture()
         self.store = store
         self.changes: list[tuple[str, str]] = []
-        self.hosts = self.make(config(**server))
+        self.config = config(**server)
+        self.hosts = self.make(self.config)
         self.http.health(TITAN, 200)
         self.http.health(ATLAS, 200)
 
@@ -127,6 +129,10 @@ class World:
         hosts = Hosts(cfg, self.clock, store=self.store, log=self.log.logger, get=self.http)
         hosts.add_listener(lambda h, m: self.changes.append((h, m)))
         return hosts
+
+    def timer(self) -> Every:
+        """The probe timer as the service runs it, on this world's clock (not started)."""
+        return probe_timer(self.config, self.hosts, self.clock)
 
     def rounds(self, n: int) -> None:
         for _ in range(n):

@@ -11,12 +11,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.app import App
-from crossbar.build import build_app
-from crossbar.config import parse_config
-from crossbar.proxy import ProxyResource
-from crossbar.site import ProxySite
+from crossbar.config import Config, parse_config
 from crossbar.testing.fakellama import FakeLlama
+from crossbar.wiring import Parts, Sites, build_parts, make_sites
 
 MODEL = "qwen-coder"
 
@@ -34,8 +31,9 @@ async def start_fakes(*names: str, **knobs: Any) -> dict[str, FakeLlama]:
 class Crossbar:
     """A crossbar site on a real port in front of fakes; `url(route, path)` builds client URLs."""
 
-    app: App
-    site: ProxySite
+    config: Config
+    parts: Parts
+    sites: Sites
     port: Any
     fakes: dict[str, FakeLlama]
     http: Any = None
@@ -62,13 +60,19 @@ class Crossbar:
         )
         return response, json.loads(await response.content())
 
+    async def pin(self, route: str, host: str) -> None:
+        """Pin `route` to `host` as the admin API does."""
+        table = self.parts.table
+        table.note_candidates(route, self.config.route(route).hosts)
+        await table.pin(route, host, reactor.seconds())
+
     async def stop(self) -> None:
         for pool in self._pools:
             await pool.closeCachedConnections()
         await self.port.stopListening()
-        await self.app.upstream.close()
-        await self.app.hosts.stop()
-        await self.app.store.close()
+        await self.parts.upstream.close()
+        await self.parts.hosts.stop()
+        await self.parts.store.close()
         for fake in self.fakes.values():
             await fake.stop()
 
@@ -90,10 +94,14 @@ async def start_crossbar(
         "routes": routes,
     }
     config = parse_config(data)
-    app = await build_app(config, reactor)
-    site = ProxySite(ProxyResource(app), max_body=config.server.max_body)
-    port = reactor.listenTCP(0, site, interface="127.0.0.1")
-    return Crossbar(app, site, port, fakes)
+    parts = await build_parts(config, reactor)
+    sites = make_sites(config, parts, reload=_no_reload)
+    port = reactor.listenTCP(0, sites.proxy, interface="127.0.0.1")
+    return Crossbar(config, parts, sites, port, fakes)
+
+
+async def _no_reload() -> list[str]:
+    raise NotImplementedError("this harness has no config file to reload")
 
 
 def wait(d: Any, seconds: float = 10) -> Deferred:

@@ -10,7 +10,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
 
-from crossbar.chooser import Chooser, Late
+from crossbar.chooser import Chooser
 from crossbar.lease import Key, Lease, Table
 from crossbar.records import LeaseEvent
 from crossbar.store import Store, StoreError
@@ -110,32 +110,29 @@ def run_now(coro: Coroutine[Any, Any, Any]) -> Any:
     return results[0]
 
 
-def make_chooser(
-    ref: Late[Table],
-    parallel: dict[str, int] | None = None,
-    free: dict[str, int] | None = None,
-    peers: dict[str, tuple[str, ...]] | None = None,
-) -> Chooser:
-    """The chooser as the service builds it: closures over a table that does not exist yet."""
-    parallel, free, peers = parallel or {}, free or {}, peers or {}
-    return Chooser(
-        load=lambda host, model: ref.get().count(host, model),
-        parallel=lambda host, model: parallel.get(host, 1),
-        free_slots=lambda host, model: free.get(host, 0),
-        peer_hosts=lambda route, model: ref.get().hosts_with_lease(peers.get(route, ()), model),
-    )
+@define
+class FakeCapacity:
+    """Slots per host as two dicts (parallel 1 and nothing free unless said)."""
+
+    parallel_of: dict[str, int] = field(factory=dict)
+    free: dict[str, int] = field(factory=dict)
+
+    def parallel(self, host: str, model: str) -> int:
+        return self.parallel_of.get(host, 1)
+
+    def free_slots(self, host: str, model: str) -> int:
+        return self.free.get(host, 0)
 
 
 async def make_table(
     store: Any,
     hosts: FakeHosts | None = None,
     idle: float = 3600.0,
-    **chooser: Any,
+    parallel: dict[str, int] | None = None,
+    free: dict[str, int] | None = None,
 ) -> Table:
-    ref: Late[Table] = Late()
-    table = await Table.load(store, hosts or FakeHosts(), make_chooser(ref, **chooser), idle)
-    ref.set(table)
-    return table
+    capacity = FakeCapacity(parallel or {}, free or {})
+    return await Table.load(store, hosts or FakeHosts(), Chooser(capacity), idle)
 
 
 async def open_store(path: str = ":memory:") -> Store:

@@ -102,7 +102,7 @@ async def test_pin_errors_say_what_is_wrong(crossbar):
         error = answer["error"]
         assert error["code"] == status and words in error["message"], error
         assert error["type"] == ("not_found_error" if status == 404 else "invalid_request_error")
-    assert crossbar.app.table.pins() == {}
+    assert crossbar.parts.table.pins() == {}
 
 
 @pytest_twisted.ensureDeferred
@@ -147,7 +147,7 @@ async def test_hosts_show_health_draining_and_slots_per_model(crossbar):
 async def test_drain_and_undrain_a_host_and_404_for_a_host_not_configured(crossbar):
     code, body, _ = await crossbar.call("POST", "/api/hosts/atlas/drain")
     assert (code, body) == (200, {"host": "atlas", "draining": True})
-    assert crossbar.app.hosts.draining("atlas")
+    assert crossbar.parts.hosts.draining("atlas")
     assert [h["draining"] for h in (await crossbar.get("/api/hosts"))["hosts"]] == [False, True]
     code, body, _ = await crossbar.call("DELETE", "/api/hosts/atlas/drain")
     assert (code, body) == (200, {"host": "atlas", "draining": False})
@@ -169,7 +169,7 @@ async def test_events_are_newest_first_and_filtered_by_route_since_and_limit(cro
     assert set(events[0]) == {"at", "route", "fp", "model", "from_host", "to_host", "reason"}
     assert len((await crossbar.get("/api/events?limit=1"))["events"]) == 1
     assert (await crossbar.get("/api/events?since=1h&route=convo"))["events"][0]["route"] == "convo"
-    future = crossbar.app.clock.seconds() + 60
+    future = crossbar.parts.clock.seconds() + 60
     assert (await crossbar.get(f"/api/events?since={future}"))["events"] == []
     for query in ("limit=0", "limit=many", "limit=5000", "since=yesterday"):
         code, body, _ = await crossbar.call("GET", f"/api/events?{query}")
@@ -226,7 +226,7 @@ async def test_a_failure_inside_crossbar_is_a_500_body_without_a_traceback(cross
     async def broken(*args, **kwargs):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(crossbar.app.store, "usage_totals", broken)
+    monkeypatch.setattr(crossbar.parts.store, "usage_totals", broken)
     code, body, _ = await crossbar.call("GET", "/api/usage")
     assert (code, body) == (
         500,

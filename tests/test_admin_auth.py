@@ -1,7 +1,6 @@
 """Who may use the admin API: a bearer token when one is set, else loopback clients only."""
 
 import json
-from types import SimpleNamespace
 
 import pytest
 import pytest_twisted
@@ -11,11 +10,9 @@ from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.web.resource import Resource
 
-from crossbar.admin import Admin
 from crossbar.admin_auth import is_loopback, is_loopback_name
-from crossbar.build import build_app
 from crossbar.config import parse_config
-from crossbar.metrics import Metrics
+from crossbar.wiring import build_parts, make_sites
 from tests.admin_harness import start_service, write_config
 from tests.harness import MODEL, start_fakes
 
@@ -47,18 +44,23 @@ async def offline_app():
             "routes": ROUTES,
         }
     )
-    app = await build_app(config, reactor)
-    yield app
-    app.hosts.stop()
-    await app.upstream.close()
-    await app.store.close()
+    parts = await build_parts(config, reactor)
+    yield config, parts
+    parts.hosts.stop()
+    await parts.upstream.close()
+    await parts.store.close()
+
+
+async def _no_reload() -> list[str]:
+    return []
 
 
 def stub(app, address, token=""):
     """A StubTreq talking to the admin app as a client at `address`."""
-    app.config = evolve(app.config, server=evolve(app.config.server, admin_token=token))
-    service = SimpleNamespace(app=app, config=app.config, metrics=Metrics(app).attach())
-    return StubTreq(From(Admin(service).resource(), address))
+    config, parts = app
+    config = evolve(config, server=evolve(config.server, admin_token=token))
+    sites = make_sites(config, parts, _no_reload)
+    return StubTreq(From(sites.api.resource(), address))
 
 
 REMOTE = IPv4Address("TCP", "10.1.2.3", 40000)
@@ -80,7 +82,7 @@ async def test_without_a_token_a_remote_client_is_refused_everywhere(offline_app
         assert response.code == 403, (method, path)
         assert body["error"]["type"] == "permission_error"
         assert "only loopback clients" in body["error"]["message"]
-    assert not offline_app.hosts.draining("titan")
+    assert not offline_app[1].hosts.draining("titan")
 
 
 @pytest_twisted.ensureDeferred
@@ -151,7 +153,7 @@ async def test_without_a_token_a_browser_page_from_elsewhere_cannot_use_the_api(
             "POST", "/api/hosts/titan/drain", Origin="http://evil.example"
         )
         assert code == 403 and "cross-site request" in body["error"]["message"]
-        assert not crossbar.app.hosts.draining("titan")
+        assert not crossbar.parts.hosts.draining("titan")
         port = crossbar.service.admin_port.getHost().port
         code, body, _ = await crossbar.call(
             "POST", "/api/hosts/titan/drain", Origin=f"http://127.0.0.1:{port}"

@@ -3,8 +3,14 @@
 import pytest
 import pytest_twisted
 
+from crossbar.bodies import prompt_chars, requested_output
 from crossbar.errors import ClientError
-from crossbar.guard import ContextGuard, prompt_chars, requested_output
+from crossbar.guard import ContextGuard
+
+
+def check(guard: ContextGuard, model: str, host: str, limit, body: dict, count):
+    """The guard's decision on `body`, read the way the proxy reads it."""
+    return guard.check(model, host, limit, prompt_chars(body), requested_output(body), count)
 
 
 def body_of(chars: int, **extra) -> dict:
@@ -26,7 +32,7 @@ async def test_a_prompt_far_over_the_context_is_refused_without_counting():
     guard = ContextGuard()
     count, calls = counter(10**9)
     with pytest.raises(ClientError) as info:
-        await guard.check("m", "titan", 1000, body_of(40_000), count)
+        await check(guard, "m", "titan", 1000, body_of(40_000), count)
     error = info.value
     assert (error.status, error.type, error.code) == (
         400,
@@ -41,7 +47,7 @@ async def test_a_prompt_far_over_the_context_is_refused_without_counting():
 async def test_a_prompt_well_under_the_context_goes_through_without_counting():
     guard = ContextGuard()
     count, calls = counter(1)
-    await guard.check("m", "titan", 1000, body_of(1000), count)
+    await check(guard, "m", "titan", 1000, body_of(1000), count)
     assert calls == []
 
 
@@ -50,11 +56,11 @@ async def test_near_the_limit_the_exact_count_decides_both_ways():
     guard = ContextGuard()
     near = body_of(4000)  # about 1000 tokens at the default ratio
     fits, calls = counter(990)
-    await guard.check("m", "titan", 1000, near, fits)
+    await check(guard, "m", "titan", 1000, near, fits)
     assert calls == [1]
     too_many, calls = counter(1001)
     with pytest.raises(ClientError, match="needs 1001 tokens"):
-        await guard.check("m", "titan", 1000, near, too_many)
+        await check(guard, "m", "titan", 1000, near, too_many)
 
 
 @pytest_twisted.ensureDeferred
@@ -62,14 +68,14 @@ async def test_requested_output_tokens_count_against_the_context():
     guard = ContextGuard()
     count, _ = counter(900)
     with pytest.raises(ClientError, match="200 of them requested"):
-        await guard.check("m", "titan", 1000, body_of(3800, max_tokens=200), count)
+        await check(guard, "m", "titan", 1000, body_of(3800, max_tokens=200), count)
 
 
 @pytest_twisted.ensureDeferred
 async def test_a_host_that_cannot_count_leaves_the_decision_to_the_host():
     guard = ContextGuard()
     count, calls = counter(None)
-    await guard.check("m", "titan", 1000, body_of(4000), count)
+    await check(guard, "m", "titan", 1000, body_of(4000), count)
     assert calls == [1]
 
 
@@ -77,7 +83,7 @@ async def test_a_host_that_cannot_count_leaves_the_decision_to_the_host():
 async def test_an_unknown_context_size_is_never_guarded():
     guard = ContextGuard()
     count, calls = counter(10**9)
-    await guard.check("m", "titan", None, body_of(10**6), count)
+    await check(guard, "m", "titan", None, body_of(10**6), count)
     assert calls == []
 
 
@@ -96,7 +102,7 @@ async def test_a_learned_ratio_refuses_on_the_estimate_what_the_default_would_co
         guard.learn("cjk", chars=1000, tokens=1000)
     count, calls = counter(None)
     with pytest.raises(ClientError, match="about"):
-        await guard.check("cjk", "titan", 1000, body_of(2000), count)
+        await check(guard, "cjk", "titan", 1000, body_of(2000), count)
     assert calls == []
 
 

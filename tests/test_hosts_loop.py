@@ -1,34 +1,39 @@
-"""Hosts over time: the probe loop, overlapping rounds, errors that must not stop it, reloads."""
+"""Hosts over time: the probe timer, overlapping rounds, errors that must not stop it, reloads."""
 
 from __future__ import annotations
 
-from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
+from fake_hosts import ATLAS, HANG, TITAN, World, config, fired, run
 
 from crossbar.hosts import Hosts
 from crossbar.limiter import Limiter
+from crossbar.service import probe_timer
 
 
-def test_start_probes_at_once_and_then_every_health_interval():
+def test_the_timer_probes_at_once_and_then_every_health_interval():
     w = World()
-    first = fired(w.hosts.start())
-    assert first == [None]
+    timer = w.timer()
+    timer.startService()
     assert w.http.urls().count(TITAN + "/health") == 1
     w.clock.pump([5, 5, 5])
     assert w.http.urls().count(TITAN + "/health") == 4
-    w.hosts.stop()
+    timer.stopService()
     w.clock.pump([5, 5])
     assert w.http.urls().count(TITAN + "/health") == 4
 
 
-def test_start_fires_only_when_the_first_round_is_done():
+def test_the_first_round_can_be_waited_for_and_ends_within_health_timeout():
+    # The service opens its proxy port only when this round is over.
     w = World()
     w.http.set(TITAN + "/health", HANG)
-    first = fired(w.hosts.start())
+    timer = w.timer()
+    timer.startService()
+    first = fired(w.hosts.probe_all())  # joins the round the timer started
+    assert w.http.urls().count(TITAN + "/health") == 1
     w.clock.advance(1)
     assert not first
     w.clock.advance(1)  # health_timeout
     assert first == [None]
-    w.hosts.stop()
+    timer.stopService()
 
 
 def test_a_round_never_overlaps_itself():
@@ -47,7 +52,8 @@ def test_a_round_never_overlaps_itself():
 def test_a_slow_round_delays_the_next_tick_instead_of_stacking():
     w = World(health_interval="1s", health_timeout="3s")
     w.http.set(TITAN + "/health", HANG)
-    w.hosts.start()
+    timer = w.timer()
+    timer.startService()
     w.clock.pump([1, 1])
     assert w.http.urls().count(TITAN + "/health") == 1
     w.clock.pump([1, 1])  # the round timed out at 3 s; the next starts after
@@ -65,9 +71,9 @@ def test_a_broken_probe_is_logged_and_counted_and_the_loop_goes_on():
         raise RuntimeError("bug in the HTTP layer")
 
     w.hosts = Hosts(config(unhealthy_after=1), w.clock, log=w.log.logger, get=broken)  # type: ignore[arg-type]
-    w.hosts.start()
+    w.timer().startService()
     w.clock.pump([5, 5])
-    assert calls == 6  # three rounds of two hosts: the loop did not stop
+    assert calls == 6  # three rounds of two hosts: the timer did not stop
     assert not w.hosts.healthy("titan")  # a probe that cannot be made is a failed probe
     w.hosts.stop()
 
@@ -79,8 +85,8 @@ def test_an_error_inside_a_round_is_counted_and_the_loop_goes_on():
         raise RuntimeError("bug")
 
     w.hosts._probe = bug  # type: ignore[method-assign]
-    first = fired(w.hosts.start())
-    assert first == [None]
+    w.timer().startService()
+    assert w.hosts.probe_errors == 1  # the first round ended, with its error
     w.clock.pump([5, 5])
     assert w.hosts.probe_errors == 3
     assert any("health probe round failed" in t for t in w.log.texts)
@@ -101,7 +107,9 @@ def test_a_listener_that_raises_is_logged_and_others_still_hear():
 def test_stop_abandons_probes_under_way():
     w = World()
     w.http.set(TITAN + "/health", HANG)
-    first = fired(w.hosts.start())
+    timer = w.timer()
+    timer.startService()
+    first = fired(w.hosts.probe_all())
     w.hosts.stop()
     assert first == [None]
     assert TITAN + "/health" in w.http.cancelled
@@ -168,11 +176,19 @@ def test_a_probe_of_a_removed_host_is_cancelled_and_ignored():
 
 def test_a_new_health_interval_takes_effect_on_reload():
     w = World()
-    w.hosts.start()
-    w.hosts.reconfigure(config(health_interval="1s"))
+    timer = w.timer()
+    timer.startService()
+    run(timer.reconfigure(config(health_interval="1s")))  # a new period starts with a round
     w.clock.pump([1, 1, 1])
-    assert w.http.urls().count(TITAN + "/health") == 4
-    w.hosts.stop()
+    assert w.http.urls().count(TITAN + "/health") == 5
+    run(timer.reconfigure(config(health_interval="1s")))  # unchanged: nothing restarts
+    assert w.http.urls().count(TITAN + "/health") == 5
+    timer.stopService()
+
+
+def test_the_timer_of_the_service_is_the_one_tested_here():
+    w = World()
+    assert probe_timer(w.config, w.hosts, w.clock).step == 5.0
 
 
 def test_discovered_slots_reach_the_limiter_through_a_listener():

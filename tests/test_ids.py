@@ -1,6 +1,12 @@
 """Completion ids are remembered with their host, bounded in number and in time."""
 
+from crossbar.config import parse_config
 from crossbar.ids import IdMemory
+
+
+def config_without_titan(**server):
+    hosts = {"atlas": {"url": "http://atlas:8080", "models": ["m"]}}
+    return parse_config({"server": server, "hosts": hosts})
 
 
 def test_a_remembered_id_names_its_host_and_conversation():
@@ -35,10 +41,19 @@ def test_a_size_of_zero_remembers_nothing():
     assert ids.lookup("a", now=0) is None
 
 
-def test_forgetting_a_host_drops_its_ids():
+def test_a_reload_without_a_host_drops_its_ids():
     ids = IdMemory(size=10, ttl=60)
     ids.remember(["a"], "titan", "", now=0)
     ids.remember(["b"], "atlas", "", now=0)
-    ids.forget_host("titan")
+    ids.reconfigure(config_without_titan())
     assert ids.lookup("a", now=0) is None
     assert ids.lookup("b", now=0) is not None
+
+
+def test_a_reload_takes_the_new_size_and_ttl():
+    ids = IdMemory(size=10, ttl=60)
+    for i in range(5):
+        ids.remember([str(i)], "atlas", "", now=i)
+    ids.reconfigure(config_without_titan(remember_ids=2, lease_idle="10s"))
+    assert [ids.lookup(str(i), now=5) is not None for i in range(5)] == [False] * 3 + [True] * 2
+    assert ids.lookup("4", now=15) is None  # the new ttl

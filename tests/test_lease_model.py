@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
-from crossbar.chooser import Chooser
+from crossbar.chooser import HostView, pick
 from crossbar.lease import Acquired, Key, LeaseError, Table
 from crossbar.records import LeaseEvent
 from crossbar.store import StoreError
@@ -100,8 +100,10 @@ class Model:
             self.place(key, parent.host, now, reason, origin)
             return Acquired(parent.host, True, False)
         usable = [h for h in cands if h != origin and h not in self.down | self.drained]
-        chooser = Chooser(self.count, lambda h, m: PARALLEL[h], lambda h, m: 0, self.peer_hosts)
-        host = chooser.choose(usable, key.model, route=key.route)
+        peers = self.peer_hosts(key.route, key.model)
+        host = pick(
+            [HostView(h, h in peers, self.count(h, key.model), PARALLEL[h], 0) for h in usable]
+        )
         if host is None:
             raise LeaseError("NoHost")
         self.place(key, host, now, reason, origin)
@@ -172,7 +174,7 @@ class Model:
 def call(op: tuple, table: Table, cands: tuple[str, ...], now: float) -> Coroutine:
     name, *args = op
     if name == "acquire":
-        return table.acquire(Key(*args), cands, now)
+        return table.acquire(Key(*args), cands, now, PEERS.get(args[0], ()))
     if name == "pin":
         return table.pin(args[0], args[1], now)
     if name == "unpin":
@@ -238,7 +240,7 @@ def event_tuple(e: LeaseEvent) -> tuple:
 @given(st.lists(OPS, min_size=20, max_size=60))
 def test_the_table_follows_the_model_of_the_rules(ops):
     store, hosts, model = MemoryStore(), FakeHosts(), Model()
-    table = run_now(make_table(store, hosts, idle=IDLE, parallel=PARALLEL, peers=PEERS))
+    table = run_now(make_table(store, hosts, idle=IDLE, parallel=PARALLEL))
     now, fail = 0.0, False
     for op in ops:
         name = op[0]
@@ -253,7 +255,7 @@ def test_the_table_follows_the_model_of_the_rules(ops):
         else:
             model, fail = run_step(op, model, table, store, now, fail), False
         check(model, table, store)
-    reloaded = run_now(make_table(store, FakeHosts(), idle=IDLE, parallel=PARALLEL, peers=PEERS))
+    reloaded = run_now(make_table(store, FakeHosts(), idle=IDLE, parallel=PARALLEL))
     assert {x.key: x.host for x in reloaded.snapshot()} == {
         k: h.host for k, h in model.leases.items()
     }

@@ -8,9 +8,16 @@ import pytest
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 
+from crossbar.config import parse_config
 from crossbar.limiter import Limiter, QueueFull, QueueTimeout, Release
 
 H, M = "titan", "qwen"
+
+
+def server(**keys):
+    """A config whose [server] has `keys` (what a reload hands the limiter)."""
+    hosts = {"h": {"url": "http://h:8080", "models": ["m"]}}
+    return parse_config({"server": keys, "hosts": hosts})
 
 
 class Fixture:
@@ -231,18 +238,18 @@ def test_an_admitted_waiter_releasing_at_once_passes_the_slot_on():
     assert second.release and f.limiter.in_flight(H, M) == 1
 
 
-def test_configure_changes_limits_for_newcomers_and_keeps_deadlines():
+def test_a_reload_changes_limits_for_newcomers_and_keeps_deadlines():
     f = Fixture(parallel=1, queue_max=1, queue_timeout=10)
     f.acquire()
     w = f.acquire()
-    f.limiter.configure(queue_max=3, queue_timeout=100)
+    f.limiter.reconfigure(server(queue_max=3, queue_timeout="100s"))
     later = f.acquire()
     assert later.waiting
     f.clock.advance(10)
     assert isinstance(w.error, QueueTimeout) and later.waiting
     f.clock.advance(90)
     assert isinstance(later.error, QueueTimeout)
-    f.limiter.configure(queue_max=0, queue_timeout=100)
+    f.limiter.reconfigure(server(queue_max=0, queue_timeout="100s"))
     assert isinstance(f.acquire().error, QueueFull)
 
 

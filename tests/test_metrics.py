@@ -81,7 +81,7 @@ async def test_pins_count_as_lease_moves_and_drains_and_health_show_per_host(cro
     await crossbar.call("PUT", "/api/routes/convo/pin", {"host": "atlas"})
     await crossbar.call("POST", "/api/hosts/titan/drain")
     crossbar.fakes["titan"].faults.loading = True  # /health answers 503
-    await wait(crossbar.app.hosts.probe_all())
+    await wait(crossbar.parts.hosts.probe_all())
 
     samples = await scrape(crossbar)
     assert samples['crossbar_lease_moves_total{reason="pin"}'] == 1  # titan's conversation
@@ -98,7 +98,7 @@ async def test_in_flight_is_read_from_the_limiter_while_a_request_runs(crossbar)
     for fake in crossbar.fakes.values():
         fake.config = evolve(fake.config, tokens_per_second=20)  # 16 tokens: most of a second
     running = ensureDeferred(crossbar.chat("convo", conversation("slow")))
-    limiter = crossbar.app.limiter
+    limiter = crossbar.parts.limiter
 
     def busy() -> int:
         return limiter.in_flight("titan", MODEL) + limiter.in_flight("atlas", MODEL)
@@ -113,8 +113,6 @@ async def test_in_flight_is_read_from_the_limiter_while_a_request_runs(crossbar)
 
 def test_labels_a_client_could_invent_are_folded_into_unknown():
     # A route name or a model no config serves must not become a new series per request.
-    from types import SimpleNamespace
-
     from crossbar.config import parse_config
 
     config = parse_config(
@@ -123,11 +121,10 @@ def test_labels_a_client_could_invent_are_folded_into_unknown():
             "routes": {"convo": {"hosts": ["titan"]}},
         }
     )
-    app = SimpleNamespace(config=config, observers=[], table=SimpleNamespace(listeners=[]))
-    metrics = Metrics(app).attach()
+    metrics = Metrics(config, None, None, None, None)  # type: ignore[arg-type]
     for model in ("gpt-9", "gpt-10"):
-        app.observers[0](UsageRow(1.0, "convo", "", model, "", "/v1/chat/completions", 404, False))
-    app.table.listeners[0](LeaseEvent(1.0, "convo", "f", MODEL, "titan", "", "idle"))
+        metrics.observe(UsageRow(1.0, "convo", "", model, "", "/v1/chat/completions", 404, False))
+    metrics.lease_event(LeaseEvent(1.0, "convo", "f", MODEL, "titan", "", "idle"))
     assert metrics.requests.labels("convo", "", "(unknown)", "404")._value.get() == 2
     assert metrics.request_errors.labels("convo", "", "(unknown)")._value.get() == 2
     assert metrics.lease_events.labels("idle")._value.get() == 1

@@ -20,7 +20,7 @@ async def test_a_client_leaving_before_the_host_answers_leaves_the_host_healthy(
     crossbar = await start_crossbar(fakes, ROUTES)
     for fake in fakes.values():
         fake.faults.hang = True  # accept the request, never answer
-    limiter = crossbar.app.limiter
+    limiter = crossbar.parts.limiter
     try:
         body = {"model": MODEL, "messages": [{"role": "user", "content": "a long prefill"}]}
         request = crossbar.client().post(
@@ -30,8 +30,8 @@ async def test_a_client_leaving_before_the_host_answers_leaves_the_host_healthy(
         request.cancel()
         request.addErrback(lambda _: None)
         await until(lambda: limiter.in_flight("titan", MODEL) == 0)
-        await wait(crossbar.app.hosts.probe_all())  # one good probe would not heal it yet
-        assert crossbar.app.hosts.healthy("titan")
+        await wait(crossbar.parts.hosts.probe_all())  # one good probe would not heal it yet
+        assert crossbar.parts.hosts.healthy("titan")
         assert limiter.in_flight("atlas", MODEL) == 0  # not retried for nobody
         assert fakes["atlas"].counters.requests["/v1/chat/completions"] == 0
     finally:

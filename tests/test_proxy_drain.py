@@ -24,6 +24,6 @@ async def test_requests_crossbar_answers_itself_are_not_left_running(crossbar):
         await wait(response.content())
     response, _ = await crossbar.chat("convo", [{"role": "user", "content": "hi"}])
     assert response.code == 200
-    proxy = crossbar.site.resource
-    assert not proxy.active
+    proxy = crossbar.sites.resource
+    assert proxy.running == 0
     assert await wait(proxy.drain(30), 2) == 0

@@ -6,10 +6,10 @@ import pytest_twisted
 from twisted.internet import error as ierror
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
-from twisted.web._newclient import ResponseFailed, ResponseNeverReceived
+from twisted.web.client import ResponseFailed
 
-from crossbar.forward import _cancelled, classify
-from crossbar.sidecalls import _count_request
+from crossbar.dialects import classify as dialect_of
+from crossbar.upstream import classify
 from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
@@ -27,27 +27,27 @@ async def test_a_client_leaving_during_the_exact_count_never_sends_its_request()
     fakes = await start_fakes("titan", ctx=1000)
     crossbar = await start_crossbar(fakes, ONE, ctx=1000)
     counting = Deferred()
-    real_send = crossbar.app.upstream.send
+    real_send = crossbar.parts.upstream.send
 
-    async def send(method, url, headers, body, fresh=False):
-        if url.endswith(b"/input_tokens"):
+    async def send(out):
+        if out.url.endswith(b"/input_tokens"):
             return await counting  # the host takes its time counting
-        return await real_send(method, url, headers, body, fresh)
+        return await real_send(out)
 
-    crossbar.app.upstream.send = send
+    crossbar.parts.upstream.send = send
     rows = []
-    crossbar.app.observers.append(rows.append)
+    crossbar.parts.usage.observers.append(rows.append)
     try:
         leaving = crossbar.client().post(
             crossbar.url("convo", "/v1/chat/completions"), data=chat(950)
         )
-        await until(lambda: crossbar.app.guard.exact_counts == 1)
+        await until(lambda: crossbar.parts.guard.exact_counts == 1)
         leaving.addErrback(lambda _: None)  # the client's own side of hanging up
         leaving.cancel()
         await until(lambda: len(rows) == 1)
         assert rows[0].error == "client disconnected"
         assert fakes["titan"].counters.requests["/v1/chat/completions"] == 0
-        assert crossbar.app.limiter.in_flight("titan", MODEL) == 0
+        assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
     finally:
         await crossbar.stop()
 
@@ -76,7 +76,7 @@ async def test_a_host_silent_on_a_pooled_connection_is_not_asked_twice():
 async def test_answers_crossbar_gives_itself_are_accounted_as_200():
     crossbar = await start_crossbar(await start_fakes("titan"), ONE)
     rows = []
-    crossbar.app.observers.append(rows.append)
+    crossbar.parts.usage.observers.append(rows.append)
     try:
         for path in ("/v1/models", "/health"):
             response = await wait(crossbar.client().get(crossbar.url("convo", path)))
@@ -86,24 +86,21 @@ async def test_answers_crossbar_gives_itself_are_accounted_as_200():
         await crossbar.stop()
 
 
-def test_a_cancelled_connect_is_a_cancellation_not_a_failure():
-    assert _cancelled(Failure(ierror.ConnectingCancelledError(None)))
-    wrapped = ResponseNeverReceived([Failure(ierror.ConnectingCancelledError(None))])
-    assert _cancelled(Failure(wrapped))
-    assert not _cancelled(Failure(ierror.ConnectionRefusedError()))
-
-
-def test_a_head_cut_short_is_a_reset_and_a_timeout_is_never_retried():
+def test_a_head_cut_short_is_a_reset():
     cut = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=False)
     assert (cut.reason, cut.host_fault) == ("reset", True)
-    from twisted.internet.defer import TimeoutError
-
-    timeout = classify(Failure(TimeoutError()), reused=True)
-    assert (timeout.reason, timeout.host_fault, timeout.reused) == ("idle timeout", False, False)
+    pooled = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=True)
+    assert (pooled.reason, pooled.host_fault, pooled.reused) == ("reset", False, True)
 
 
-def test_anthropic_messages_are_counted_by_their_own_endpoint():
+def count_path(path: str, body: dict):
+    return dialect_of("POST", path)[0].count_request(body)
+
+
+def test_each_dialect_is_counted_by_its_own_endpoint():
     body = {"system": "s", "messages": []}
-    assert _count_request("/v1/messages", body)[0] == "/v1/messages/count_tokens"
-    assert _count_request("/v1/chat/completions", body)[0] == "/v1/chat/completions/input_tokens"
-    assert _count_request("/completion", {"prompt": "p"}) == ("/tokenize", {"content": "p"})
+    assert count_path("/v1/messages", body)[0] == "/v1/messages/count_tokens"
+    assert count_path("/v1/chat/completions", body)[0] == "/v1/chat/completions/input_tokens"
+    assert count_path("/v1/responses", {"input": "x"})[0] == "/v1/responses/input_tokens"
+    assert count_path("/completion", {"prompt": "p"}) == ("/tokenize", {"content": "p"})
+    assert count_path("/v1/embeddings", {"input": "p"}) is None

@@ -150,7 +150,7 @@ async def test_an_exception_inside_crossbar_reaches_the_client_as_a_plain_500(cr
     async def broken(*args, **kwargs):
         raise RuntimeError("secret internals /home/crossbar/lease.py line 42")
 
-    crossbar.app.table.acquire = broken
+    crossbar.parts.table.acquire = broken
     response = await wait(
         crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=CHAT)
     )

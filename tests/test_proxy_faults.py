@@ -24,8 +24,8 @@ async def test_a_stopped_host_moves_its_conversation_on_the_next_turn_with_an_un
         assert response.code == 200
         assert response.headers.getRawHeaders("X-Crossbar-Host") == [other]
         assert response.headers.getRawHeaders("X-Crossbar-Lease") == ["new"]
-        assert not crossbar.app.hosts.healthy(home)
-        events = await crossbar.app.store.list_events(route="convo")
+        assert not crossbar.parts.hosts.healthy(home)
+        events = await crossbar.parts.store.list_events(route="convo")
         moved = [e for e in events if e.reason == "unhealthy"]
         assert [(e.from_host, e.to_host) for e in moved] == [(home, other)]
     finally:
@@ -37,7 +37,7 @@ async def test_a_pinned_route_whose_host_is_down_gets_503_naming_the_host():
     fakes = await start_fakes("titan", "atlas")
     crossbar = await start_crossbar(fakes, TWO)
     try:
-        await crossbar.app.pin("convo", "titan")
+        await crossbar.pin("convo", "titan")
         fakes["titan"].faults.refuse = True
         await fakes["titan"].settle()
         history = [{"role": "user", "content": "Pinned."}]
@@ -61,7 +61,7 @@ async def test_an_http_error_from_the_host_is_relayed_and_never_ejects_it():
         assert response.code == 500
         assert response.headers.getRawHeaders("X-Crossbar-Host") == ["titan"]
         assert "error" in body
-        assert crossbar.app.hosts.healthy("titan")
+        assert crossbar.parts.hosts.healthy("titan")
     finally:
         await crossbar.stop()
 
@@ -92,7 +92,7 @@ async def test_a_host_that_hangs_before_headers_gets_504_after_the_idle_timeout(
         response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
         assert response.code == 504
         assert json.dumps(body).count("Traceback") == 0
-        assert crossbar.app.hosts.healthy("titan")
+        assert crossbar.parts.hosts.healthy("titan")
     finally:
         await crossbar.stop()
 
@@ -118,8 +118,8 @@ async def test_a_host_that_times_out_connecting_is_marked_down_and_the_request_m
         response, _ = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
         assert response.code == 200
         assert response.headers.getRawHeaders("X-Crossbar-Host") == ["atlas"]
-        assert not crossbar.app.hosts.healthy("titan")
-        events = await crossbar.app.store.list_events(route="convo")
+        assert not crossbar.parts.hosts.healthy("titan")
+        events = await crossbar.parts.store.list_events(route="convo")
         newest = events[0]
         assert (newest.reason, newest.from_host, newest.to_host) == ("unhealthy", "titan", "atlas")
     finally:

@@ -30,9 +30,9 @@ async def test_a_second_request_waits_for_the_only_slot_and_says_how_long():
         first = client.post(
             crossbar.url("convo", "/v1/chat/completions"), data=body(1, max_tokens=10)
         )
-        await until(lambda: crossbar.app.limiter.in_flight("titan", MODEL) == 1)
+        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
         second = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2))
-        await until(lambda: crossbar.app.limiter.queued("titan", MODEL) == 1)
+        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 1)
         r1, r2 = await wait(first), await wait(second)
         await r1.content(), await r2.content()
         assert int(r1.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) < 50
@@ -49,9 +49,9 @@ async def test_a_full_queue_answers_429_with_retry_after():
     try:
         client = crossbar.client()
         first = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(1))
-        await until(lambda: crossbar.app.limiter.in_flight("titan", MODEL) == 1)
+        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
         second = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2))
-        await until(lambda: crossbar.app.limiter.queued("titan", MODEL) == 1)
+        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 1)
         third = await wait(client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(3)))
         error = json.loads(await third.content())["error"]
         assert third.code == 429 and error["type"] == "rate_limit_error"
@@ -69,11 +69,11 @@ async def test_a_client_leaving_while_queued_leaves_the_queue_at_once():
     try:
         client = crossbar.client()
         first = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(1))
-        await until(lambda: crossbar.app.limiter.in_flight("titan", MODEL) == 1)
+        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
         leaving = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2))
-        await until(lambda: crossbar.app.limiter.queued("titan", MODEL) == 1)
+        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 1)
         leaving.cancel()
-        await until(lambda: crossbar.app.limiter.queued("titan", MODEL) == 0)
+        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 0)
         await (await wait(first)).content()
         assert fakes["titan"].counters.requests["/v1/chat/completions"] == 1
     finally:
@@ -106,7 +106,7 @@ async def test_a_client_leaving_mid_stream_frees_the_slot_and_aborts_the_upstrea
         response.deliverBody(Leave())
         await wait(got_one)
         await until(lambda: fakes["titan"].counters.aborted == 1)
-        await until(lambda: crossbar.app.limiter.in_flight("titan", MODEL) == 0)
+        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 0)
         nxt = await wait(client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2)))
         await nxt.content()
         assert int(nxt.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) < 50

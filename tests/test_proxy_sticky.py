@@ -65,7 +65,7 @@ async def test_the_openai_client_streams_through_crossbar_the_text_the_fake_sent
 async def test_a_usage_row_records_tokens_lease_and_timings():
     crossbar = await start_crossbar(await start_fakes("titan"), {"convo": {"hosts": ["titan"]}})
     rows = []
-    crossbar.app.observers.append(rows.append)
+    crossbar.parts.usage.observers.append(rows.append)
     try:
         history = [{"role": "user", "content": "Count my tokens please."}]
         _, reply = await wait(crossbar.chat("convo", history))
@@ -83,7 +83,7 @@ async def test_a_usage_row_records_tokens_lease_and_timings():
         assert second.cached_tokens > 0 and second.lease == "reused"
         assert first.fp == second.fp != ""
         assert first.ttfb_ms is not None and first.duration_ms >= first.ttfb_ms
-        totals = await crossbar.app.store.usage_totals("route", None)
+        totals = await crossbar.parts.store.usage_totals("route", None)
         assert totals[0]["requests"] == 2
     finally:
         await crossbar.stop()

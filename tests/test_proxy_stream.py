@@ -148,7 +148,7 @@ async def test_a_host_dying_mid_stream_gives_an_error_event_and_a_cut_response_n
     fakes["titan"].faults.drop_after_chunks = 3
     crossbar = await start_crossbar(fakes, ONE, parallel=1)
     rows = []
-    crossbar.app.observers.append(rows.append)
+    crossbar.parts.usage.observers.append(rows.append)
     try:
         response = await wait(stream(crossbar, max_tokens=20))
         assert response.code == 200
@@ -160,7 +160,7 @@ async def test_a_host_dying_mid_stream_gives_an_error_event_and_a_cut_response_n
         last = collector.data.strip().split(b"\n\n")[-1]
         assert json.loads(last[len(b"data: ") :])["error"]["type"] == "api_error"
         assert reason.check(ResponseDone) is None  # cut, not ended: no terminating chunk
-        assert crossbar.app.limiter.in_flight("titan", MODEL) == 0
+        assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
         (row,) = rows
         assert row.error and row.completion_tokens == 3
         fakes["titan"].faults.drop_after_chunks = None

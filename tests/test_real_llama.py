@@ -65,7 +65,7 @@ async def fleet():
         crossbar = await start_crossbar(
             {}, {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}, hosts=hosts
         )
-        await crossbar.app.hosts.probe_all()  # discovery: parallel and ctx from /props
+        await crossbar.parts.hosts.probe_all()  # discovery: parallel and ctx from /props
         yield crossbar, llamas
         await crossbar.stop()
     finally:
@@ -108,7 +108,7 @@ def openai_turns(base_url: str, opening: str, turns: int) -> list[dict]:
 @pytest_twisted.ensureDeferred
 async def test_real_conversations_stay_on_their_hosts_and_hit_the_real_prompt_cache(fleet):
     crossbar, _ = fleet
-    assert crossbar.app.hosts.ctx("titan", MODEL) == 4096  # discovered: 8192 over 2 slots
+    assert crossbar.parts.hosts.ctx("titan", MODEL) == 4096  # discovered: 8192 over 2 slots
     base = crossbar.url("convo", "/v1")
     a = await wait(deferToThread(openai_turns, base, "Name a colour.", 3), 120)
     b = await wait(deferToThread(openai_turns, base, "Name a fruit.", 3), 120)
@@ -134,7 +134,7 @@ async def test_the_guard_counts_with_the_real_token_endpoint_and_refuses_before_
     )
     error = json.loads(await response.content())["error"]
     assert response.code == 400 and error["code"] == "context_length_exceeded"
-    assert crossbar.app.guard.exact_counts == 1  # the host's input_tokens endpoint decided
+    assert crossbar.parts.guard.exact_counts == 1  # the host's input_tokens endpoint decided
     assert "4096" in error["message"]
 
 
@@ -149,5 +149,5 @@ async def test_a_killed_real_host_loses_its_conversation_to_the_other(fleet):
     assert second.code == 200, reply
     other = second.headers.getRawHeaders("X-Crossbar-Host")[0]
     assert other != home
-    events = await crossbar.app.store.list_events(route="convo")
+    events = await crossbar.parts.store.list_events(route="convo")
     assert any(e.reason == "unhealthy" and e.from_host == home for e in events)

@@ -71,7 +71,7 @@ async def test_hosts_are_probed_and_discovered_before_the_port_opens(tmp_path):
     path = write_config(tmp_path / "c.toml", fakes, routes("titan"), hosts=host_table(fakes))
     running = await start_service(path, fakes)
     try:
-        hosts = running.app.hosts
+        hosts = running.parts.hosts
         assert (hosts.parallel("titan", MODEL), hosts.ctx("titan", MODEL)) == (3, 2048)
         assert fakes["titan"].counters.requests["/health"] >= 1
     finally:
@@ -113,7 +113,7 @@ async def test_a_reload_that_removes_a_host_drops_its_leases_with_reason_config(
         write_config(path, fakes, routes("atlas"), hosts=host_table({"atlas": fakes["atlas"]}))
         notes = await running.service.reload()
         assert any("titan" in note for note in notes)
-        app = running.app
+        app = running.parts
         assert app.table.snapshot() == []
         events = await app.store.list_events(route="convo")
         assert events[0].reason == "config" and events[0].from_host == "titan"

@@ -63,7 +63,7 @@ async def test_on_a_route_affinity_route_chat_slots_and_control_share_one_host()
         (home,) = hosts
         assert fakes[home].counters.requests["/slots"] == 1
         assert fakes[home].counters.requests["/v1/chat/completions/control"] == 1
-        rows = await crossbar.app.store.list_leases()
+        rows = await crossbar.parts.store.list_leases()
         assert {(r.key.fp, r.host) for r in rows if r.key.route == "ide"} == {("", home)}
     finally:
         await crossbar.stop()
@@ -113,7 +113,7 @@ async def test_queue_false_forwards_at_once_while_a_queueing_route_waits():
     fakes = await start_fakes("titan", parallel=1, tokens_per_second=20)
     routes = {"free": {"hosts": ["titan"], "queue": False}, "queued": {"hosts": ["titan"]}}
     crossbar = await start_crossbar(fakes, routes, parallel=1)
-    limiter, fake = crossbar.app.limiter, fakes["titan"]
+    limiter, fake = crossbar.parts.limiter, fakes["titan"]
     try:
 
         def chat(route, n):

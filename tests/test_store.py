@@ -86,10 +86,10 @@ async def test_a_database_from_a_newer_crossbar_is_refused(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_memory_database_lives_across_calls(store):
-    await store.save_lease(lease())
-    await store.save_lease(lease(host="b"))  # same key: replaced
+    await store.apply(save=[lease()])
+    await store.apply(save=[lease(host="b")])  # same key: replaced
     assert await store.list_leases() == [lease(host="b")]
-    await store.delete_lease("r", "f", "m")
+    await store.apply(delete=[Key("r", "f", "m")])
     assert await store.list_leases() == []
 
 
@@ -101,7 +101,7 @@ async def test_pins_round_trip_with_their_state(store):
 
 @pytest_twisted.ensureDeferred
 async def test_apply_is_all_or_nothing(store):
-    await store.save_lease(lease(fp="old"))
+    await store.apply(save=[lease(fp="old")])
     broken = LeaseEvent(None, "r", "f", "m", "", "a", "new")  # at NOT NULL
     with pytest.raises(StoreError, match="saving leases failed"):
         await store.apply(save=[lease()], delete=[Key("r", "old", "m")], events=[broken])
@@ -112,7 +112,7 @@ async def test_apply_is_all_or_nothing(store):
 @pytest_twisted.ensureDeferred
 async def test_list_events_newest_first_filtered_by_route_and_since(store):
     for at, route in [(1.0, "r"), (2.0, "s"), (3.0, "r"), (3.0, "r"), (4.0, "s")]:
-        await store.record_event(event(at, route, to=f"h{at}"))
+        await store.apply(events=[event(at, route, to=f"h{at}")])
     assert [e.at for e in await store.list_events()] == [4.0, 3.0, 3.0, 2.0, 1.0]
     assert [e.at for e in await store.list_events(route="r")] == [3.0, 3.0, 1.0]
     assert [e.at for e in await store.list_events(since=3.0)] == [4.0, 3.0, 3.0]
@@ -190,7 +190,7 @@ async def test_usage_series_sums_per_bucket_and_route(store):
 @pytest_twisted.ensureDeferred
 async def test_prune_deletes_only_older_rows(store):
     for at in (1.0, 2.0, 3.0):
-        await store.record_event(event(at))
+        await store.apply(events=[event(at)])
         await store.record_usage(usage(at))
     assert await store.prune(events_before=3.0, usage_before=2.0) == (2, 1)
     assert [e.at for e in await store.list_events()] == [3.0]

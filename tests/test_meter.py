@@ -1,8 +1,9 @@
-"""Usage and completion ids are read from every response shape as it passes."""
+"""Usage and completion ids are read from every dialect's answers as they pass."""
 
 import json
 
-from crossbar.accounting import Meter
+from crossbar.dialects import ANTHROPIC, RESPONSES
+from crossbar.meter import Meter
 
 
 def sse(*events, done=True) -> bytes:
@@ -28,7 +29,7 @@ def test_an_openai_json_body_gives_usage_with_its_cached_part_and_the_id():
     meter = fed(Meter(stream=False), json.dumps(body).encode())
     meter.finish()
     assert (meter.tokens.prompt, meter.tokens.cached, meter.tokens.completion) == (40, 30, 5)
-    assert meter.ids == ["chatcmpl-1"]
+    assert meter.id == "chatcmpl-1"
 
 
 def test_llama_timings_count_the_prompt_as_cached_plus_processed():
@@ -45,7 +46,7 @@ def test_an_openai_stream_takes_the_first_id_and_the_last_chunks_usage():
     )
     meter = fed(Meter(stream=True), sse(*chunks))
     meter.finish()
-    assert meter.done and meter.ids == ["chatcmpl-9"]
+    assert meter.done and meter.id == "chatcmpl-9"
     assert (meter.tokens.prompt, meter.tokens.completion) == (9, 3)
 
 
@@ -73,9 +74,11 @@ def test_a_responses_stream_reads_the_response_id_and_its_usage():
             },
         },
     ]
-    meter = fed(Meter(stream=True), sse(*events, done=False))
+    heard: list[str] = []
+    meter = fed(RESPONSES.meter(True, on_id=heard.append), sse(*events, done=False))
     meter.finish()
-    assert meter.done and meter.ids == ["resp_1"]
+    assert meter.done and meter.id == "resp_1"
+    assert heard == ["resp_1"]  # told once, though two events carry it
     assert (meter.tokens.prompt, meter.tokens.cached, meter.tokens.completion) == (20, 15, 2)
 
 
@@ -89,9 +92,10 @@ def test_anthropic_usage_adds_cache_reads_to_the_input_tokens():
         b"event: " + e["type"].encode() + b"\ndata: " + json.dumps(e).encode() + b"\n\n"
         for e in (start, delta, {"type": "message_stop"})
     )
-    meter = fed(Meter(stream=True), data)
+    heard: list[str] = []
+    meter = fed(ANTHROPIC.meter(True, on_id=heard.append), data)
     meter.finish()
-    assert meter.ids == ["msg_1"]
+    assert meter.id == "msg_1" and heard == ["msg_1"]
     assert (meter.tokens.prompt, meter.tokens.cached, meter.tokens.completion) == (42, 37, 8)
 
 
@@ -100,7 +104,7 @@ def test_a_json_body_too_large_to_keep_is_relayed_without_usage():
     meter.feed(b"{" + b" " * (9 * 1024 * 1024))
     meter.feed(b'"usage": {"prompt_tokens": 1}}')
     meter.finish()
-    assert (meter.tokens.prompt, meter.ids) == (0, [])
+    assert (meter.tokens.prompt, meter.id) == (0, None)
 
 
 def test_a_large_json_body_gives_its_usage_without_being_parsed_whole():

@@ -1,4 +1,4 @@
-"""`crossbar check`: render a validated config for a person to read."""
+"""A validated config described for a person to read (what `crossbar check` prints)."""
 
 from __future__ import annotations
 

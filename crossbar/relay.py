@@ -1,0 +1,182 @@
+"""All the client sees of a host's answer: status, headers, the body as it arrives with
+back-pressure, the idle timer, and the ending of a stream that was cut."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.iweb import IResponse
+from zope.interface import implementer
+
+from crossbar.dialects import Dialect
+from crossbar.errors import ClientError
+from crossbar.meter import Meter, Tokens
+from crossbar.twisted_private import connection_headers
+from crossbar.upstream import hop_by_hop
+
+
+@implementer(IPushProducer)
+class _Body(Protocol):
+    """Streams a response body to the client as it arrives, with back-pressure.
+
+    It is the client request's streaming producer and passes pause/resume on to the upstream
+    transport, so a client that stops reading pauses the upstream read; the idle timer stops
+    meanwhile (the host is not silent, the client is slow). `done` fires when the body ended;
+    `reason` says how. Cancelling `done` aborts the upstream response.
+    """
+
+    def __init__(
+        self,
+        request: Any,
+        clock: IReactorTime,
+        idle_timeout: float,
+        on_data: Callable[[bytes], None],
+    ) -> None:
+        self._request = request
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._on_data = on_data
+        self._timer: IDelayedCall | None = None
+        self._registered = False
+        self.timed_out = False
+        self.reason: Failure | None = None
+        self.done: Deferred[None] = Deferred(canceller=lambda _: self.stopProducing())
+
+    def connectionMade(self) -> None:
+        if self._request.channel is None:  # the client left before the body began
+            self.transport.stopProducing()
+            return
+        self._request.registerProducer(self, True)
+        self._registered = True
+        self._arm()
+
+    def pauseProducing(self) -> None:
+        self._disarm()
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._arm()
+        self.transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._disarm()
+        self.transport.stopProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._request.channel is None:
+            self.stopProducing()
+            return
+        self._arm()
+        self._on_data(data)
+        self._request.write(data)
+
+    def connectionLost(self, reason: Failure = ResponseDone) -> None:  # type: ignore[assignment]
+        self._disarm()
+        if self._registered and self._request.channel is not None:
+            self._request.unregisterProducer()
+        self.reason = reason
+        if not self.done.called:
+            self.done.callback(None)
+
+    def complete(self) -> bool:
+        """True when the body ended as the host meant it to."""
+        reason = self.reason
+        return (
+            not self.timed_out
+            and reason is not None
+            and reason.check(ResponseDone, PotentialDataLoss) is not None
+        )
+
+    def _arm(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.reset(self._idle_timeout)
+        else:
+            self._timer = self._clock.callLater(self._idle_timeout, self._idle)
+
+    def _disarm(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _idle(self) -> None:
+        self.timed_out = True
+        self.transport.stopProducing()
+
+
+class Relay:
+    """Writes one host's answer to the client. After `run` returns or raises, `status`,
+    `stream`, `first_byte` (clock seconds), `tokens` and `error` say what happened."""
+
+    def __init__(
+        self,
+        request: Any,
+        clock: IReactorTime,
+        idle_timeout: float,
+        dialect: Dialect,
+        host: str,
+        on_id: Callable[[str], None],
+    ) -> None:
+        self._request = request
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._dialect = dialect
+        self._host = host
+        self._on_id = on_id
+        self._meter: Meter | None = None
+        self.status = 0
+        self.stream = False
+        self.first_byte: float | None = None
+        self.error = ""
+
+    @property
+    def tokens(self) -> Tokens:
+        """Tokens of the answer as far as it went."""
+        return self._meter.tokens if self._meter is not None else Tokens()
+
+    async def run(self, response: IResponse, extra: Iterable[tuple[bytes, bytes]]) -> None:
+        """Relay status, headers (plus `extra`) and the body; make a cut stream detectable."""
+        request = self._request
+        self.status = response.code
+        request.setResponseCode(response.code, response.phrase)
+        drop = hop_by_hop(response.headers, connection_headers(response))
+        for name, values in response.headers.getAllRawHeaders():
+            if name.lower() not in drop:
+                request.responseHeaders.setRawHeaders(name, values)
+        for name, value in extra:
+            request.responseHeaders.setRawHeaders(name, [value])
+        ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        self.stream = ctype.lower().startswith(b"text/event-stream")
+        meter = self._meter = self._dialect.meter(self.stream, self._on_id)
+        body = _Body(request, self._clock, self._idle_timeout, self._data)
+        response.deliverBody(body)
+        try:
+            await body.done
+        finally:
+            if not body.complete():
+                meter.delivered()
+        if body.complete():
+            meter.finish()
+            request.finish()
+            return
+        self.error = "upstream idle timeout" if body.timed_out else "upstream closed mid-response"
+        if request.channel is None:
+            return
+        if self.stream:
+            # One error event, then close without the terminating chunk: the client can tell
+            # the stream was cut. No [DONE] is ever invented.
+            cut = ClientError(502, "api_error", f"host {self._host}: {self.error}")
+            request.write(cut.stream_event(self._dialect.errors))
+        request.channel.transport.loseConnection()
+
+    def _data(self, data: bytes) -> None:
+        if self.first_byte is None:
+            self.first_byte = self._clock.seconds()
+        assert self._meter is not None
+        self._meter.feed(data)

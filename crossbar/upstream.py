@@ -1,0 +1,372 @@
+"""All the host sees: the request crossbar sends it, the connection it goes over, and what a
+failure to get an answer means.
+
+Requests go over a persistent HTTP/1.1 pool. A failure on a pooled connection before any
+response byte is a keep-alive race (the host closed it as we reused it), retried once on a
+fresh connection. Cancelling a send (the client left) is never reported as a host failure,
+whatever exception Twisted raises for it: the send's own canceller sets a flag, and a failure
+that follows it is a cancellation.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+
+import treq
+from attrs import frozen
+from twisted.internet import error as ierror
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    Agent,
+    BrowserLikePolicyForHTTPS,
+    RequestTransmissionFailed,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from zope.interface import implementer
+
+from crossbar.config import Config, HostConfig, ModelConfig
+from crossbar.dialects import Dialect
+from crossbar.twisted_private import RequestNotSent, quiet_pool
+
+if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
+    from crossbar.inbound import Inbound
+
+# RFC 9110 §7.6.1: never forwarded in either direction (plus whatever Connection names).
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+    }
+)
+# Never forwarded upstream: recomputed (Host, Content-Length), the client's own credentials
+# (the host's api_key replaces them; x-api-key is how Anthropic's SDKs send theirs), and
+# Accept-Encoding so the body stays readable for usage.
+_DROP_REQUEST = frozenset(
+    {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding"}
+)
+
+
+def hop_by_hop(headers: Headers, connection: Headers | None = None) -> set[bytes]:
+    """The header names not to forward: the fixed set, `Proxy-*`, and those Connection names
+    (read from `connection` where the client library files them apart)."""
+    names = set(HOP_BY_HOP)
+    for value in (connection or headers).getRawHeaders(b"connection", []):
+        names.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    for name, _ in headers.getAllRawHeaders():
+        if name.lower().startswith(b"proxy-"):
+            names.add(name.lower())
+    return names
+
+
+def authorization(host: HostConfig) -> dict[str, str]:
+    """The header that authenticates crossbar to the host: its `api_key` as a Bearer token.
+    Every request to the host carries it: proxied ones, probes, discovery, token counts."""
+    return {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
+
+
+@frozen
+class Outgoing:
+    """One request as the host gets it."""
+
+    method: bytes
+    url: bytes
+    headers: Headers
+    body: bytes | None
+
+
+def renamed_body(body: Any, model: ModelConfig | None) -> Any:
+    """The body with `model` named the host's way (its `upstream` name), or `body` itself
+    when nothing changes."""
+    if not isinstance(body, dict) or model is None:
+        return body
+    name = model.upstream_name
+    if body.get("model", name) != name or (model.upstream and "model" not in body):
+        return {**body, "model": name}
+    return body
+
+
+def renamed_query(query: str, model: ModelConfig | None) -> str:
+    """`?model=` names the model the host's way too, like the body's "model"."""
+    if not query or model is None or not model.upstream or "model=" not in query:
+        return query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
+
+
+def forwarded_headers(inbound: Inbound, api_key: str) -> Headers:
+    """The client's headers minus hop-by-hop ones and its credentials, plus X-Forwarded-*
+    and the host's api key."""
+    incoming = inbound.headers
+    drop = hop_by_hop(incoming) | _DROP_REQUEST
+    out = Headers()
+    for name, values in incoming.getAllRawHeaders():
+        if name.lower() not in drop:
+            out.setRawHeaders(name, values)
+    prior = b", ".join(incoming.getRawHeaders(b"x-forwarded-for", []))
+    peer = inbound.peer.encode()
+    out.setRawHeaders(b"x-forwarded-for", [(prior + b", " if prior else b"") + peer])
+    out.setRawHeaders(b"x-forwarded-proto", [b"https" if inbound.secure else b"http"])
+    host = incoming.getRawHeaders(b"host")
+    if host:
+        out.setRawHeaders(b"x-forwarded-host", [host[0]])
+    if api_key:
+        out.setRawHeaders(b"authorization", [b"Bearer " + api_key.encode()])
+    return out
+
+
+def prepare(host: HostConfig, model: str, inbound: Inbound) -> Outgoing:
+    """The request `host` gets for a client's `inbound` request for `model`."""
+    m = host.model(model)
+    body = renamed_body(inbound.body, m)
+    raw = inbound.raw if body is inbound.body else json.dumps(body).encode()
+    query = renamed_query(inbound.query, m)
+    url = (host.url + inbound.path + (f"?{query}" if query else "")).encode()
+    payload = raw if (raw or inbound.method == "POST") else None
+    return Outgoing(inbound.method.encode(), url, forwarded_headers(inbound, host.api_key), payload)
+
+
+@frozen
+class UpstreamFailure(Exception):
+    """No response byte came from the host.
+
+    `host_fault`: a fresh connection was refused, timed out connecting or was reset, so the
+    host is down (a restarted llama-server has lost its cache anyway). `reused`: it happened on
+    a pooled connection, which is a keep-alive race to retry on a fresh one, not a host fault.
+    """
+
+    reason: str
+    host_fault: bool
+    reused: bool = False
+
+
+def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
+    """Map a request failure to an UpstreamFailure, or None when it is something else."""
+    if failure.check(ierror.ConnectionRefusedError):
+        return UpstreamFailure("refused", host_fault=True)
+    if failure.check(ierror.TimeoutError):
+        return UpstreamFailure("connect timeout", host_fault=True)
+    if failure.check(ierror.ConnectError, ierror.DNSLookupError):
+        return UpstreamFailure("connect failed", host_fault=True)
+    if failure.check(
+        ResponseNeverReceived, RequestTransmissionFailed, RequestNotSent, ResponseFailed
+    ):
+        # No response (or only part of its head) arrived: to the client, nothing was sent yet.
+        return UpstreamFailure("reset", host_fault=not reused, reused=reused)
+    return None
+
+
+@implementer(IStreamClientEndpoint)
+class _Counted:
+    def __init__(self, inner: IStreamClientEndpoint, owner: _CountingEndpoints) -> None:
+        self._inner = inner
+        self._owner = owner
+
+    def connect(self, factory: Any) -> Deferred:
+        self._owner.connects += 1
+        return self._inner.connect(factory)
+
+
+@implementer(IAgentEndpointFactory)
+class _CountingEndpoints:
+    """Counts the connections opened: the pool opens one only when it has none to reuse, and
+    it asks synchronously, so a request that opened none went on a pooled connection."""
+
+    def __init__(self, inner: IAgentEndpointFactory) -> None:
+        self._inner = inner
+        self.connects = 0
+
+    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
+        return _Counted(self._inner.endpointForURI(uri), self)
+
+
+@implementer(IAgentEndpointFactory)
+class HostEndpoints:
+    """TCP (or TLS) endpoints per (scheme, host, port), made once each: building one
+    IDNA-encodes the host name, a few percent of the proxy's CPU when done per request."""
+
+    def __init__(self, reactor: Any, connect_timeout: float) -> None:
+        self._reactor = reactor
+        self._timeout = connect_timeout
+        self._cache: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
+        self._tls: BrowserLikePolicyForHTTPS | None = None
+
+    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
+        key = (uri.scheme, uri.host, uri.port)
+        endpoint = self._cache.get(key)
+        if endpoint is None:
+            host = uri.host.decode("ascii")
+            endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
+            if uri.scheme == b"https":
+                self._tls = self._tls or BrowserLikePolicyForHTTPS()
+                endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
+            self._cache[key] = endpoint
+        return endpoint
+
+
+@implementer(IBodyProducer)
+class _Bytes:
+    """A body already in memory (bounded by max_body), written in one go."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self._body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _Discard(Protocol):
+    """Reads nothing: aborts a response nobody waits for any more."""
+
+    def connectionMade(self) -> None:
+        self.transport.stopProducing()
+
+
+class Upstream:
+    """Sends requests to hosts: a persistent pool, and fresh connections for the one retry."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        connect_timeout: float,
+        idle_timeout: float,
+        endpoints: IAgentEndpointFactory | None = None,
+        per_host: int = 64,
+    ) -> None:
+        """`endpoints` replaces TCP in tests (one made from `connect_timeout` otherwise)."""
+        self._reactor = reactor
+        self.idle_timeout = idle_timeout  # no byte from the host this long: give up
+        self._connect_timeout = connect_timeout
+        self._own_endpoints = endpoints is None
+        self._pool = quiet_pool(reactor, persistent=True)
+        self._pool.maxPersistentPerHost = per_host
+        self._pool.retryAutomatically = False  # crossbar decides about retries itself
+        self._fresh_pool = quiet_pool(reactor, persistent=False)
+        self._use(endpoints or HostEndpoints(reactor, connect_timeout))
+
+    def _use(self, endpoints: IAgentEndpointFactory) -> None:
+        self._endpoints = _CountingEndpoints(endpoints)
+        self._agent = Agent.usingEndpointFactory(self._reactor, self._endpoints, pool=self._pool)
+        self._fresh = Agent.usingEndpointFactory(
+            self._reactor, self._endpoints, pool=self._fresh_pool
+        )
+
+    def reconfigure(self, config: Config) -> None:
+        """Take new timeouts; pooled connections stay."""
+        s = config.server
+        self.idle_timeout = s.upstream_idle_timeout
+        if self._own_endpoints and s.upstream_connect_timeout != self._connect_timeout:
+            self._connect_timeout = s.upstream_connect_timeout
+            self._use(HostEndpoints(self._reactor, s.upstream_connect_timeout))
+
+    async def send(self, out: Outgoing) -> IResponse:
+        """Send `out`; raise UpstreamFailure when no response byte came back, CancelledError
+        when the caller cancelled."""
+        try:
+            return await self._attempt(out, fresh=False)
+        except UpstreamFailure as failure:
+            if not failure.reused:
+                raise
+        # A pooled connection died under us: a keep-alive race, not the host. Once, fresh.
+        return await self._attempt(out, fresh=True)
+
+    async def _attempt(self, out: Outgoing, fresh: bool) -> IResponse:
+        agent = self._fresh if fresh else self._agent
+        opened = self._endpoints.connects
+        producer = _Bytes(out.body) if out.body is not None else None
+        d = agent.request(out.method, out.url, out.headers, producer)
+        reused = not fresh and self._endpoints.connects == opened
+        why: list[str] = []  # who stopped the request: "client" (our caller) or "idle"
+
+        def stop(reason: str) -> None:
+            if not why:
+                why.append(reason)
+                d.cancel()
+
+        timer = self._reactor.callLater(self.idle_timeout, stop, "idle")
+        result: Deferred[IResponse] = Deferred(lambda _: stop("client"))
+
+        def settle(outcome: Any) -> None:
+            if timer.active():
+                timer.cancel()
+            if result.called:  # cancelled meanwhile: nobody takes this answer
+                if not isinstance(outcome, Failure):
+                    outcome.deliverBody(_Discard())
+            elif why == ["client"]:
+                result.errback(CancelledError())
+            elif isinstance(outcome, Failure):
+                result.errback(outcome)
+            else:
+                result.callback(outcome)
+
+        d.addBoth(settle)
+        try:
+            return await result
+        except CancelledError:
+            raise
+        except Exception:
+            if why == ["idle"]:
+                # Never retried: a silent host is not a keep-alive race, and resending doubles
+                # its work.
+                raise UpstreamFailure("idle timeout", host_fault=False) from None
+            mapped = classify(Failure(), reused)
+            if mapped is None:
+                raise
+            raise mapped from None
+
+    async def count_tokens(self, host: HostConfig, dialect: Dialect, body: Any) -> int | None:
+        """Ask `host` how many tokens the prompt of `body` is; None when it cannot say."""
+        if not isinstance(body, dict):
+            return None
+        found = dialect.count_request(body)
+        if found is None:
+            return None
+        path, payload = found
+        headers = Headers({"Content-Type": ["application/json"]})
+        for name, value in authorization(host).items():
+            headers.setRawHeaders(name, [value])
+        out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
+        try:
+            response = await self.send(out)
+            data = json.loads(await treq.content(response))
+        except CancelledError:
+            raise  # the client left: stop here, never go on to send the request
+        except Exception:
+            return None  # the host will refuse an oversized prompt itself
+        if response.code != 200 or not isinstance(data, dict):
+            return None
+        if isinstance(data.get("input_tokens"), int):
+            return data["input_tokens"]
+        tokens = data.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self._pool.closeCachedConnections()
+        await self._fresh_pool.closeCachedConnections()

@@ -1,0 +1,95 @@
+"""crossbar's parts built from a config, and the two sites that serve them.
+
+`build_parts` opens the store and restores what it holds (draining flags, leases, pins); each
+part is given only the collaborators it uses. The service and the test harness both build
+their sites with `make_sites`, so what is tested is what runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from attrs import frozen
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IAgentEndpointFactory
+
+from crossbar.admin import MAX_BODY, Admin
+from crossbar.chooser import Chooser
+from crossbar.config import Config
+from crossbar.guard import ContextGuard
+from crossbar.hosts import Hosts
+from crossbar.ids import IdMemory
+from crossbar.lease import Table
+from crossbar.limiter import Limiter
+from crossbar.logs import log_request
+from crossbar.metrics import Metrics
+from crossbar.proxy import ProxyResource
+from crossbar.site import BoundedSite, ProxySite
+from crossbar.store import Store
+from crossbar.upstream import Upstream
+from crossbar.usage import UsageRecorder
+
+
+@frozen
+class Parts:
+    """What a running crossbar is made of; only the composition (service, harness) holds it."""
+
+    clock: IReactorTime
+    store: Store
+    hosts: Hosts
+    limiter: Limiter
+    table: Table
+    upstream: Upstream
+    ids: IdMemory
+    guard: ContextGuard
+    usage: UsageRecorder
+    metrics: Metrics
+
+
+async def build_parts(
+    config: Config,
+    reactor: Any,
+    store: Store | None = None,
+    endpoints: IAgentEndpointFactory | None = None,
+) -> Parts:
+    """Open the store (unless given one), restore draining, leases and pins, and build every
+    part on `reactor`. `endpoints` replaces TCP to the hosts (in-memory tests)."""
+    s = config.server
+    if store is None:
+        store = await Store.open(s.db, reactor)
+    hosts = Hosts(config, reactor, store=store)
+    await hosts.load_draining()
+    limiter = Limiter(reactor, hosts.parallel, s.queue_max, s.queue_timeout)
+    hosts.add_listener(limiter.resized)
+    table = await Table.load(store, hosts, Chooser(limiter), s.lease_idle)
+    guard = ContextGuard()
+    ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
+    metrics = Metrics(config, table, hosts, limiter, guard)
+    table.listeners.append(metrics.lease_event)
+    usage = UsageRecorder(store, ids, guard, reactor, observers=[log_request, metrics.observe])
+    upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
+    return Parts(reactor, store, hosts, limiter, table, upstream, ids, guard, usage, metrics)
+
+
+@frozen
+class Sites:
+    """The proxy's site and the admin API's, and the resources behind them."""
+
+    proxy: ProxySite
+    admin: BoundedSite
+    resource: ProxyResource
+    api: Admin
+
+
+def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list[str]]]) -> Sites:
+    """The client-facing site and the admin site over `parts`; `reload` is what
+    `POST /api/reload` calls."""
+    p = parts
+    resource = ProxyResource(
+        config, p.clock, p.table, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage
+    )
+    api = Admin(config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, reload)
+    proxy = ProxySite(resource, config, reactor=p.clock)
+    admin = BoundedSite(api.app.resource(), MAX_BODY, reactor=p.clock)
+    return Sites(proxy, admin, resource, api)
