@@ -12,7 +12,7 @@ from twisted.python.failure import Failure
 
 from crossbar.chooser import Chooser
 from crossbar.lease import Key, Lease, Table
-from crossbar.records import LeaseEvent
+from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store import Store, StoreError
 
 
@@ -32,11 +32,36 @@ class FakeHosts:
 
 @define
 class MemoryStore:
-    """The table's side of the store, in memory; its methods finish without waiting."""
+    """The store in memory (leases, events, draining, usage); its methods finish without
+    waiting."""
 
     rows: dict[Key, Lease] = field(factory=dict)
     events: list[LeaseEvent] = field(factory=list)
+    draining: set[str] = field(factory=set)
+    usage: list[UsageRow] = field(factory=list)
     fail: bool = False  # every write raises while set
+    closed: bool = False
+
+    async def list_draining(self) -> set[str]:
+        return set(self.draining)
+
+    async def set_draining(self, name: str, draining: bool) -> None:
+        if self.fail:
+            raise StoreError("injected write failure")
+        (self.draining.add if draining else self.draining.discard)(name)
+
+    async def record_usage(self, row: UsageRow) -> None:
+        self.usage.append(row)
+
+    async def prune(self, events_before: float, usage_before: float) -> tuple[int, int]:
+        events = [e for e in self.events if e.at >= events_before]
+        usage = [u for u in self.usage if u.at >= usage_before]
+        pruned = (len(self.events) - len(events), len(self.usage) - len(usage))
+        self.events, self.usage = events, usage
+        return pruned
+
+    async def close(self) -> None:
+        self.closed = True
 
     async def list_leases(self) -> list[Lease]:
         return [evolve(lease) for lease in self.rows.values()]

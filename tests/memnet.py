@@ -1,0 +1,234 @@
+"""crossbar on an in-memory network: clients and hosts are protocols joined by
+`twisted.test.iosim` transports, time is a Clock, nothing touches a socket or a thread.
+
+The proxy rules that hang on timing (a cancel while the host thinks, a keep-alive race on a
+pooled connection, a stop's grace period) are told here step by step: each `flush` moves every
+byte that can move, and nothing else happens until the test says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from attrs import define, field
+from lease_fakes import MemoryStore, run_now
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.interfaces import (
+    IHostnameResolver,
+    IReactorPluggableNameResolver,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
+from twisted.test.iosim import FakeTransport, IOPump, connect
+from twisted.web.iweb import IAgentEndpointFactory
+from zope.interface import directlyProvides, implementer
+
+from crossbar.config import parse_config
+from crossbar.wiring import Parts, Sites, build_parts, make_sites
+
+MODEL = "qwen-coder"
+
+
+class Host(Protocol):
+    """One connection a fake host accepted: it keeps what arrived and answers when told."""
+
+    def __init__(self, net: Net, name: str) -> None:
+        self.net, self.name = net, name
+        self.received = b""
+        self.lost = False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+        self.net.host_heard(self)
+
+    def requests(self) -> int:
+        """Complete request heads seen on this connection."""
+        return self.received.count(b"\r\n\r\n")
+
+    def answer(self, body: bytes = b'{"id": "x"}', status: bytes = b"200 OK") -> None:
+        self.transport.write(
+            b"HTTP/1.1 " + status + b"\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.lost = True
+
+
+class Client(Protocol):
+    """A client connection to the proxy: what it sent, and what came back."""
+
+    def __init__(self) -> None:
+        self.received = b""
+        self.lost = False
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.lost = True
+
+    @property
+    def status(self) -> int | None:
+        line = self.received.split(b"\r\n", 1)[0]
+        return int(line.split()[1]) if line.startswith(b"HTTP/1.1 ") else None
+
+    def header(self, name: bytes) -> bytes | None:
+        head = self.received.split(b"\r\n\r\n", 1)[0]
+        for line in head.split(b"\r\n")[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name.lower():
+                return value.strip()
+        return None
+
+
+@implementer(IStreamClientEndpoint)
+@define
+class _Endpoint:
+    net: Net
+    name: str
+
+    def connect(self, factory: Any) -> Deferred:
+        return self.net.connect_host(self.name, factory)
+
+
+@implementer(IHostnameResolver)
+@define
+class StalledNames:
+    """A name resolver that starts every lookup and finishes none."""
+
+    asked: list[str] = field(factory=list)
+
+    def resolveHostName(self, receiver: Any, hostName: str, *args: Any, **kw: Any) -> Any:
+        self.asked.append(hostName)
+        receiver.resolutionBegan(None)
+        return None
+
+
+@implementer(IAgentEndpointFactory)
+@define
+class _Endpoints:
+    net: Net
+
+    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
+        name = uri.host.decode()
+        if name in self.net.stall:
+            # Twisted's own endpoint, looking the name up: what a cancel then raises is
+            # Twisted's choice (DNSLookupError), not the test's.
+            reactor = MemoryReactorClock()
+            reactor.nameResolver = self.net.names
+            directlyProvides(reactor, IReactorPluggableNameResolver)
+            return HostnameEndpoint(reactor, name, uri.port)
+        return _Endpoint(self.net, name)
+
+
+@define
+class Net:
+    """The in-memory network: hosts by name (their URL's host part), every connection's pump,
+    and what hosts do when a request arrives (`on_request`, per host name)."""
+
+    clock: Clock = field(factory=Clock)
+    pumps: list[IOPump] = field(factory=list)
+    connections: dict[str, list[Host]] = field(factory=dict)
+    refusing: set[str] = field(factory=set)
+    stall: set[str] = field(factory=set)  # hosts whose name lookups never finish
+    names: StalledNames = field(factory=StalledNames)
+    on_request: dict[str, Callable[[Host], None]] = field(factory=dict)
+
+    def endpoints(self) -> IAgentEndpointFactory:
+        return _Endpoints(self)
+
+    def connect_host(self, name: str, factory: Any) -> Deferred:
+        if name in self.refusing:
+            return fail(ConnectionRefusedError())
+        client = factory.buildProtocol(None)
+        host = Host(self, name)
+        self.connections.setdefault(name, []).append(host)
+        self._join(host, client)
+        return succeed(client)
+
+    def host_heard(self, host: Host) -> None:
+        handler = self.on_request.get(host.name)
+        if handler is not None and host.received.endswith(b"}"):  # the JSON body is in
+            handler(host)
+
+    def client(self, site: Any) -> Client:
+        """A new client connection to `site`."""
+        client = Client()
+        server = site.buildProtocol(None)
+        self._join(server, client, peer=IPv4Address("TCP", "10.0.0.9", 40000))
+        return client
+
+    def _join(self, server: Any, client: Any, peer: Any = None) -> None:
+        server_io = FakeTransport(server, isServer=True, peerAddress=peer)
+        client_io = FakeTransport(client, isServer=False)
+        self.pumps.append(connect(server, server_io, client, client_io, greet=False))
+
+    def flush(self) -> None:
+        """Move every byte that can move (and run what is due now), until nothing moves."""
+        for _ in range(100):
+            moved = False
+            for pump in list(self.pumps):
+                moved |= pump.flush(advanceClock=False)
+            self.clock.advance(0)
+            if not moved:
+                return
+        raise AssertionError("the network never settled")
+
+
+@define
+class Crossbar:
+    """The proxy site over the in-memory net."""
+
+    net: Net
+    parts: Parts
+    sites: Sites
+    store: MemoryStore
+
+    def post(self, path: str, body: bytes) -> Client:
+        """Send one POST on a new client connection; flush."""
+        client = self.net.client(self.sites.proxy)
+        client.transport.write(
+            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: crossbar\r\n"
+            b"Content-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+        )
+        self.net.flush()
+        return client
+
+
+def chat(text: str = "hello") -> bytes:
+    return (
+        b'{"model": "'
+        + MODEL.encode()
+        + b'", "messages": [{"role": "user", "content": "'
+        + text.encode()
+        + b'"}]}'
+    )
+
+
+def start(routes: dict[str, Any], hosts: tuple[str, ...] = ("titan", "atlas"), **server: Any):
+    """crossbar with `hosts` (parallel 2 each) on a new in-memory net."""
+    net = Net()
+    config = parse_config(
+        {
+            "server": {"db": ":memory:", **server},
+            "hosts": {
+                h: {"url": f"http://{h}:8080", "models": [MODEL], "parallel": 2} for h in hosts
+            },
+            "routes": routes,
+        }
+    )
+    store = MemoryStore()
+    parts = run_now(build_parts(config, net.clock, store=store, endpoints=net.endpoints()))
+
+    async def no_reload() -> list[str]:
+        return []
+
+    return Crossbar(net, parts, make_sites(config, parts, no_reload), store)
