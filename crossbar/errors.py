@@ -171,5 +171,7 @@ def write_error(request: Any, error: ClientError, dialect: Dialect | None = None
     request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
     for name, value in error.headers.items():
         request.responseHeaders.setRawHeaders(name.encode(), [value.encode()])
-    request.write(error.body(shape))
+    body = error.body(shape)
+    request.responseHeaders.setRawHeaders(b"content-length", [str(len(body)).encode()])
+    request.write(body)
     request.finish()

@@ -9,6 +9,7 @@ from typing import Any
 from attrs import frozen
 from twisted.web.http_headers import Headers
 
+from crossbar.dialects import Dialect, Kind
 from crossbar.errors import bad_request
 
 HeaderReader = Callable[[str], "str | None"]
@@ -60,3 +61,15 @@ def json_object(raw: bytes, what: str = "the request body", allow_array: bool = 
     if not isinstance(value, dict) and not (allow_array and isinstance(value, list)):
         raise bad_request(f"{what} must be a JSON object, not {type(value).__name__}")
     return value
+
+
+def request_body(kind: Kind, dialect: Dialect, method: str, path: str, raw: bytes) -> Any:
+    """The JSON body of a request for a host: an object for inference; JSON (an array where
+    the dialect takes one) or nothing for control calls; a 400 otherwise."""
+    if method != "POST" and not raw:
+        return None
+    if not raw.strip():
+        if kind is Kind.INFERENCE:
+            raise bad_request("the request body is empty: send a JSON object")
+        return None
+    return json_object(raw, allow_array=path in dialect.array_bodies)

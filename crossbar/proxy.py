@@ -8,7 +8,6 @@ itself, and keeps the running requests so a stop can drain them.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -20,13 +19,13 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from crossbar.answers import answer_json, models_list, route_health
 from crossbar.config import Config
 from crossbar.dialects import OPENAI_CHAT, Dialect, Kind, classify
 from crossbar.errors import (
     INTERNAL,
     ClientError,
     Where,
-    bad_request,
     for_exception,
     not_found,
     unavailable,
@@ -36,7 +35,7 @@ from crossbar.fingerprint import fingerprint
 from crossbar.guard import ContextGuard
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
-from crossbar.inbound import Inbound, header_reader, json_object
+from crossbar.inbound import Inbound, header_reader, request_body
 from crossbar.lease import Acquired, Key, LeaseError, NoHost, Table
 from crossbar.limiter import Limiter, LimiterError, Release
 from crossbar.relay import Relay
@@ -65,20 +64,6 @@ class Call:
 
 def _noop() -> None:
     pass
-
-
-def _answer_json(request: Any, ex: Exchange, obj: Any) -> None:
-    ex.status = 200
-    request.setResponseCode(200)
-    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
-    request.write(json.dumps(obj).encode())
-    request.finish()
-
-
-def models_list(models: list[str]) -> dict[str, Any]:
-    """The route's models in OpenAI's list format."""
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "crossbar"} for m in models]
-    return {"object": "list", "data": data}
 
 
 class ProxyResource(Resource):
@@ -225,12 +210,11 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {method} {path}")
         if kind is Kind.MODELS:
-            return _answer_json(request, ex, models_list(self._config.models_of(route)))
+            ex.status = answer_json(request, models_list(self._config.models_of(route)))
+            return
         if kind is Kind.HEALTH:
-            healthy = [h for h in route.hosts if self._hosts.healthy(h)]
-            if not healthy:
-                raise unavailable(f"no host of route {route.name!r} is healthy", retry_after=5)
-            return _answer_json(request, ex, {"status": "ok", "healthy_hosts": healthy})
+            ex.status = answer_json(request, route_health(route, self._hosts))
+            return
         call = self._understand(request, ex, route, dialect, kind, method, path)
         await self._forward(request, call, ex)
 
@@ -247,7 +231,7 @@ class ProxyResource(Resource):
         """Body, model, fingerprint and lease key of a request for a host."""
         config = self._config
         raw = request.content.read()
-        body = _read_body(kind, dialect, method, path, raw)
+        body = request_body(kind, dialect, method, path, raw)
         query = urlsplit(request.uri.decode("utf-8", "replace")).query
         peer = getattr(request.getClientAddress(), "host", "")
         inbound = Inbound(method, path, query, raw, body, request.requestHeaders, peer,
@@ -382,14 +366,3 @@ class ProxyResource(Resource):
             ex.status, ex.stream = relay.status, relay.stream
             ex.first_byte, ex.tokens = relay.first_byte, relay.tokens
             ex.error = relay.error or ex.error
-
-
-def _read_body(kind: Kind, dialect: Dialect, method: str, path: str, raw: bytes) -> Any:
-    """The JSON body: an object for inference; JSON (or nothing) for control calls."""
-    if method != "POST" and not raw:
-        return None
-    if not raw.strip():
-        if kind is Kind.INFERENCE:
-            raise bad_request("the request body is empty: send a JSON object")
-        return None
-    return json_object(raw, allow_array=path in dialect.array_bodies)

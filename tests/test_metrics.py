@@ -129,3 +129,62 @@ def test_labels_a_client_could_invent_are_folded_into_unknown():
     assert metrics.request_errors.labels("convo", "", "(unknown)")._value.get() == 2
     assert metrics.lease_events.labels("idle")._value.get() == 1
     assert metrics.lease_moves.labels("idle")._value.get() == 0  # dropped, not moved
+
+
+def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
+    from lease_fakes import FakeHosts
+    from prometheus_client.parser import text_string_to_metric_families as parse
+    from twisted.internet.task import Clock
+
+    from crossbar.config import parse_config
+    from crossbar.guard import ContextGuard
+    from crossbar.limiter import Limiter
+
+    config = parse_config(
+        {
+            "hosts": {"titan": {"url": "http://127.0.0.1:9", "models": [MODEL], "parallel": 1}},
+            "routes": {"convo": {"hosts": ["titan"]}},
+        }
+    )
+    clock = Clock()
+    limiter = Limiter(clock, lambda h, m: 1, queue_max=4, queue_timeout=60)
+    first = []
+    limiter.acquire("titan", MODEL).addCallback(first.append)
+    waiting = limiter.acquire("titan", MODEL)
+    leaving = limiter.acquire("titan", MODEL)
+    leaving.addErrback(lambda _: None)
+    leaving.cancel()  # its client went away
+    clock.advance(3)
+    first[0]()  # the waiter gets the slot after 3 s
+    limiter.track("titan", MODEL)
+    guard = ContextGuard(exact_counts=4, refused=2)
+
+    class Hosts(FakeHosts):
+        probe_errors = 7
+        flips: dict = {}
+
+        def parallel(self, host, model):
+            return 1
+
+    class Table:
+        def count(self, host, model):
+            return 0
+
+        def pins(self):
+            return {}
+
+    metrics = Metrics(config, Table(), Hosts(), limiter, guard)  # type: ignore[arg-type]
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in parse(metrics.render().decode())
+        for s in family.samples
+    }
+    pair = (("host", "titan"), ("model", MODEL))
+    assert samples[("crossbar_guard_exact_counts_total", ())] == 4
+    assert samples[("crossbar_guard_refused_total", ())] == 2
+    assert samples[("crossbar_probe_errors_total", ())] == 7
+    assert samples[("crossbar_slots_admitted_total", pair)] == 2
+    assert samples[("crossbar_queue_cancelled_total", pair)] == 1
+    assert samples[("crossbar_queue_waited_seconds_total", pair)] == 3
+    assert samples[("crossbar_tracked_total", pair)] == 1
+    assert waiting.called

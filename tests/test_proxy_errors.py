@@ -1,4 +1,5 @@
-"""Every error crossbar makes is an OpenAI error body that tells the client what to do."""
+"""Every error crossbar makes is an error body in the client's dialect (OpenAI's, or Anthropic's on
+/v1/messages) that tells the client what to do."""
 
 import json
 import socket
@@ -7,7 +8,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, start_crossbar, start_fakes, wait
+from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ROUTES = {
     "convo": {"hosts": ["titan"], "default_model": MODEL},
@@ -80,6 +81,67 @@ async def test_bad_input_gets_an_openai_error_body(
     assert body["error"]["code"] == code
     assert body["error"]["message"]
     assert crossbar.fakes["titan"].counters.requests["/v1/chat/completions"] == 0
+
+
+MESSAGES = json.dumps(
+    {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+).encode()
+ANTHROPIC_CASES = [
+    ("/r/nope/v1/messages", {}, MESSAGES, 404, "not_found_error"),
+    ("/r/locked/v1/messages", {"X-Api-Key": "wrong"}, MESSAGES, 401, "authentication_error"),
+    ("/r/convo/v1/messages", {}, b"{not json", 400, "invalid_request_error"),
+    (
+        "/r/convo/v1/messages",
+        {},
+        json.dumps({"model": "claude-9", "messages": []}).encode(),
+        404,
+        "not_found_error",
+    ),
+    ("/r/convo/v1/messages", {}, b"x" * (2 * 1024 * 1024), 413, "request_too_large"),
+    ("/r/convo/v1/messages/batches", {}, MESSAGES, 404, "not_found_error"),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "data", "status", "type_"),
+    ANTHROPIC_CASES,
+    ids=[f"{c[3]}-{c[0]}" for c in ANTHROPIC_CASES],
+)
+@pytest_twisted.ensureDeferred
+async def test_errors_on_anthropic_messages_come_in_anthropics_shape(
+    crossbar, path, headers, data, status, type_
+):
+    response = await wait(crossbar.client().post(crossbar.base + path, data=data, headers=headers))
+    body = json.loads(await response.content())
+    assert response.code == status
+    assert body["type"] == "error" and set(body) == {"type", "error"}
+    assert body["error"]["type"] == type_ and body["error"]["message"]
+    assert set(body["error"]) == {"type", "message"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_full_queue_says_so_with_its_status_phrase_and_retry_after():
+    fakes = await start_fakes("titan", tokens_per_second=20)
+    crossbar = await start_crossbar(
+        fakes, {"convo": {"hosts": ["titan"]}}, server={"queue_max": 0}, parallel=1
+    )
+    try:
+        body = json.dumps(
+            {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "x"}]}
+        ).encode()
+        slow = crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=body)
+        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
+        head = b"POST /r/convo/v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        head += b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+        reply = await wait(deferToThread(raw_exchange, crossbar.port.getHost().port, head, body))
+        status, _, rest = reply.partition(b"\r\n")
+        assert status == b"HTTP/1.1 429 Too Many Requests"
+        assert b"\r\nRetry-After: " in rest
+        error = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+        assert error["error"]["type"] == "rate_limit_error" and error["type"] == "error"
+        await wait((await wait(slow)).content())
+    finally:
+        await crossbar.stop()
 
 
 @pytest_twisted.ensureDeferred
