@@ -49,6 +49,18 @@ _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place
 
 
 @frozen
+class Target:
+    """What a request is for: its route, its API and what crossbar does with it (None: no
+    such path), its method and its llama-server path."""
+
+    route: Route
+    dialect: Dialect
+    kind: Kind | None
+    method: str
+    path: str
+
+
+@frozen
 class Call:
     """A request understood: its route, API, kind, model, conversation and lease key."""
 
@@ -180,7 +192,7 @@ class ProxyResource(Resource):
             ex.path = path
             route = resolve_route(self._config, name)
             ex.route = route.name
-            await self._handle(request, ex, route, dialect, kind, method, path)
+            await self._handle(request, ex, Target(route, dialect, kind, method, path))
         except ClientError as e:
             ex.status, ex.error = e.status, ex.error or e.message
             write_error(request, e, dialect)
@@ -195,41 +207,25 @@ class ProxyResource(Resource):
             if ex.route:
                 self._usage.finish(ex)
 
-    async def _handle(
-        self,
-        request: Any,
-        ex: Exchange,
-        route: Route,
-        dialect: Dialect,
-        kind: Kind | None,
-        method: str,
-        path: str,
-    ) -> None:
+    async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
         header = header_reader(request.requestHeaders)
+        route, kind = target.route, target.kind
         check_key(route, header("Authorization"), header("X-Api-Key"))
         if kind is None:
-            raise not_found(f"crossbar does not serve {method} {path}")
+            raise not_found(f"crossbar does not serve {target.method} {target.path}")
         if kind is Kind.MODELS:
             ex.status = answer_json(request, models_list(self._config.models_of(route)))
             return
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
-        call = self._understand(request, ex, route, dialect, kind, method, path)
+        call = self._understand(request, ex, target, kind)
         await self._forward(request, call, ex)
 
-    def _understand(
-        self,
-        request: Any,
-        ex: Exchange,
-        route: Route,
-        dialect: Dialect,
-        kind: Kind,
-        method: str,
-        path: str,
-    ) -> Call:
+    def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         """Body, model, fingerprint and lease key of a request for a host."""
         config = self._config
+        route, dialect, method, path = target.route, target.dialect, target.method, target.path
         raw = request.content.read()
         body = request_body(kind, dialect, method, path, raw)
         query = urlsplit(request.uri.decode("utf-8", "replace")).query
