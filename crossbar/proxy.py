@@ -230,12 +230,11 @@ class ProxyResource(Resource):
         body = request_body(kind, dialect, method, path, raw)
         query = urlsplit(request.uri.decode("utf-8", "replace")).query
         peer = getattr(request.getClientAddress(), "host", "")
-        inbound = Inbound(method, path, query, raw, body, request.requestHeaders, peer,
-                          request.isSecure())  # fmt: skip
+        headers, secure = request.requestHeaders, request.isSecure()
+        inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
         ex.model = model = choose_model(config, route, body, query)
         candidates = tuple(config.hosts_for(route, model))
-        header = header_reader(request.requestHeaders)
-        ex.fp = fingerprint(header, body, dialect, config.server.fingerprint_chars)
+        ex.fp = fingerprint(header_reader(headers), body, dialect, config.server.fingerprint_chars)
         if kind is Kind.INFERENCE:
             ex.prompt_chars = dialect.prompt_chars(body)
         origin = None

@@ -91,5 +91,5 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     )
     api = Admin(config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)
-    admin = BoundedSite(api.app.resource(), MAX_BODY, reactor=p.clock)
+    admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)
     return Sites(proxy, admin, resource, api)
