@@ -274,12 +274,14 @@ class ProxyResource(Resource):
                 response = await self._upstream.send(prepare(host_config, call.model, call.inbound))
             except UpstreamFailure as failure:
                 release()
-                if failure.host_fault:
-                    self._hosts.passive_failure(host, failure.reason)
-                    if call.kind is Kind.INFERENCE and failed is None:
-                        failed = (host, failure)  # the lease moves (unhealthy) on this acquire
-                        continue
                 ex.error = f"upstream {failure.reason}"
+                if failure.connecting:
+                    ejected = self._hosts.passive_failure(host, failure.reason, call.candidates)
+                    if ejected and call.kind is Kind.INFERENCE and failed is None:
+                        # A second host, the only one: the lease moves (unhealthy) on this
+                        # acquire. A request is tried on at most two hosts in all.
+                        failed = (host, failure)
+                        continue
                 raise for_exception(failure, self._where(call, host)) from None
             except BaseException:
                 release()

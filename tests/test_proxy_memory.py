@@ -1,6 +1,7 @@
 """The proxy rules that hang on timing, told on an in-memory network and a Clock: a client
 leaving while its host thinks, a keep-alive race on a pooled connection, a stop's grace."""
 
+import pytest
 from memnet import MODEL, chat, start
 from twisted.internet.defer import ensureDeferred
 
@@ -114,3 +115,80 @@ def test_a_stop_with_nothing_running_returns_at_once():
     drained = []
     ensureDeferred(crossbar.sites.resource.drain(30)).addCallback(drained.append)
     assert drained == [0]
+
+
+THREE = {"convo": {"hosts": ["titan", "atlas", "nova"], "default_model": MODEL}}
+
+
+def error_of(client) -> dict:
+    import json
+
+    return json.loads(client.received.split(b"\r\n\r\n", 1)[1])
+
+
+def test_a_request_that_breaks_every_host_it_reaches_gets_502_and_ejects_no_one():
+    crossbar = start(ROUTES)
+    net, hosts = crossbar.net, crossbar.parts.hosts
+    net.on_request["titan"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("warm up")).status == 200  # leaves a pooled connection
+
+    def crash(host):
+        host.transport.abortConnection()
+
+    net.on_request["titan"] = net.on_request["atlas"] = crash
+    client = crossbar.post(CHAT, chat("warm up"))  # same conversation: titan
+    assert client.status == 502
+    error = error_of(client)["error"]
+    assert error["type"] == "api_error" and "titan" in error["message"]
+    # Pooled, then once fresh (a keep-alive race looks the same), then no other host.
+    assert [c.requests() for c in net.connections["titan"]] == [2, 1]
+    assert "atlas" not in net.connections
+    assert hosts.healthy("titan") and hosts.healthy("atlas")
+    net.on_request["atlas"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("another conversation")).status == 200
+
+
+def test_a_request_is_tried_on_two_hosts_at_most():
+    crossbar = start(THREE, hosts=("titan", "atlas", "nova"))
+    net = crossbar.net
+    net.refusing |= {"titan", "atlas", "nova"}
+    client = crossbar.post("/r/convo/v1/chat/completions", chat())
+    assert client.status == 502 and "atlas" in error_of(client)["error"]["message"]
+    hosts = crossbar.parts.hosts
+    assert [hosts.healthy(h) for h in ("titan", "atlas", "nova")] == [False, False, True]
+
+
+def test_the_last_healthy_host_of_a_route_is_not_ejected_by_a_refused_connect():
+    crossbar = start(ROUTES)
+    net, hosts = crossbar.net, crossbar.parts.hosts
+    net.refusing |= {"titan", "atlas"}
+    client = crossbar.post(CHAT, chat())  # titan refuses, is ejected; atlas refuses, is not
+    assert client.status == 502
+    assert not hosts.healthy("titan") and hosts.healthy("atlas")
+    net.refusing.clear()
+    net.on_request["atlas"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("next")).status == 200  # the route still has a host
+
+
+GARBAGE = [
+    (b"HELLO WORLD\r\n\r\n", "status code"),
+    (b"HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n", "status"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad response head"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", "more than 100"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * 70000 + b"\r\n\r\n", "64 KiB"),
+]
+
+
+@pytest.mark.parametrize(("answer", "said"), GARBAGE, ids=[g[1] for g in GARBAGE])
+def test_a_host_answering_something_that_is_not_http_gets_502_bad_gateway(answer, said):
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: host.transport.write(answer)
+    client = crossbar.post(CHAT, chat())
+    assert client.status == 502
+    error = error_of(client)["error"]
+    assert error["code"] == "bad_gateway" and "titan" in error["message"]
+    assert said.lower() in error["message"].lower()
+    assert crossbar.parts.hosts.healthy("titan")  # no health event
+    assert "atlas" not in net.connections  # not retried
+    assert len(net.connections["titan"]) == 1

@@ -74,7 +74,7 @@ def test_a_connection_no_longer_idle_refuses_a_request_with_request_not_sent():
     (failure,) = failures
     assert failure.check(RequestNotSent)
     mapped = classify(failure, reused=True)
-    assert (mapped.reason, mapped.reused, mapped.host_fault) == ("reset", True, False)
+    assert (mapped.reason, mapped.reused, mapped.connecting) == ("reset", True, False)
 
 
 @pytest.mark.parametrize(
