@@ -132,6 +132,25 @@ class Table:
 
     # -- acquire -----------------------------------------------------------------------------
 
+    def peek(self, key: Key, candidates: Sequence[str], peers: Sequence[str] = ()) -> Acquired:
+        """Where a request with `key` would go by the acquire rules, creating, moving and
+        touching nothing: for calls that must not make a lease (a control call with no
+        conversation, such as a web UI's GET /props). Raises PinnedDown or NoHost."""
+        healthy, draining = self._hosts.healthy, self._hosts.draining
+        pin = self.pinned(key.route)
+        if pin is not None and pin in candidates:
+            if not healthy(pin):
+                raise PinnedDown(key.route, pin)
+            return Acquired(pin, reused=True, pinned=True)
+        for held in (self._index.get(key), self._index.get(Key(key.route, "", key.model))):
+            if held is not None and held.host in candidates and healthy(held.host):
+                return Acquired(held.host, reused=True, pinned=False)
+        usable = [h for h in candidates if healthy(h) and not draining(h)]
+        host = self._choose(usable, key.model, peers)
+        if host is None:
+            raise NoHost(key.route, key.model)
+        return Acquired(host, reused=False, pinned=False)
+
     async def acquire(
         self, key: Key, candidates: Sequence[str], now: float, peers: Sequence[str] = ()
     ) -> Acquired:

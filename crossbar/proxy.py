@@ -307,8 +307,13 @@ class ProxyResource(Resource):
             pinned = self._table.pinned(call.key.route) is not None
             return Acquired(call.origin, reused=True, pinned=pinned)
         now = self._clock.seconds()
+        peers = call.route.peers
         try:
-            return await self._table.acquire(call.key, call.candidates, now, call.route.peers)
+            if call.kind is Kind.CONTROL and not call.key.fp and not call.route.per_route():
+                # No conversation: the route lease's host or the chooser's pick, and nothing
+                # recorded (one GET /props must not make the lease every conversation inherits).
+                return self._table.peek(call.key, call.candidates, peers)
+            return await self._table.acquire(call.key, call.candidates, now, peers)
         except NoHost as e:
             if failed is not None:  # the host that just failed was the last one left
                 raise for_exception(failed[1], self._where(call, failed[0])) from None

@@ -41,6 +41,7 @@ class Host(Protocol):
     def __init__(self, net: Net, name: str) -> None:
         self.net, self.name = net, name
         self.received = b""
+        self.handled = 0  # of `received`: what on_request was called for
         self.lost = False
 
     def dataReceived(self, data: bytes) -> None:
@@ -155,7 +156,13 @@ class Net:
 
     def host_heard(self, host: Host) -> None:
         handler = self.on_request.get(host.name)
-        if handler is not None and host.received.endswith(b"}"):  # the JSON body is in
+        # The newest request is in: a JSON body ended, or a head without a body did.
+        newest = host.received[host.handled :]
+        whole = newest.endswith(b"}") or (
+            newest.endswith(b"\r\n\r\n") and b"content-length" not in newest.lower()
+        )
+        if handler is not None and whole:
+            host.handled = len(host.received)
             handler(host)
 
     def client(self, site: Any) -> Client:
@@ -191,14 +198,21 @@ class Crossbar:
     sites: Sites
     store: MemoryStore
 
-    def post(self, path: str, body: bytes) -> Client:
+    def post(self, path: str, body: bytes, **headers: str) -> Client:
         """Send one POST on a new client connection; flush."""
+        return self.send("POST", path, body, {"Content-Type": "application/json", **headers})
+
+    def send(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> Client:
+        """Send one request on a new client connection; flush."""
         client = self.net.client(self.sites.proxy)
-        client.transport.write(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: crossbar\r\n"
-            b"Content-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-        )
+        head = f"{method} {path} HTTP/1.1\r\nHost: crossbar\r\n"
+        for name, value in (headers or {}).items():
+            head += f"{name}: {value}\r\n"
+        if body or method == "POST":
+            head += f"Content-Length: {len(body)}\r\n"
+        client.transport.write(head.encode("latin-1") + b"\r\n" + body)
         self.net.flush()
         return client
 

@@ -192,3 +192,52 @@ def test_a_host_answering_something_that_is_not_http_gets_502_bad_gateway(answer
     assert crossbar.parts.hosts.healthy("titan")  # no health event
     assert "atlas" not in net.connections  # not retried
     assert len(net.connections["titan"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/r/convo/props"),
+        ("GET", "/r/convo/slots"),
+        ("GET", "/r/convo/metrics"),
+        ("POST", "/r/convo/tokenize"),
+        ("OPTIONS", "/r/convo/v1/chat/completions"),
+        ("GET", "/r/convo/v1/chat/completions"),
+    ],
+)
+def test_a_call_without_a_conversation_never_creates_a_lease(method, path):
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    body = b'{"content": "x"}' if method == "POST" else b""
+    client = crossbar.send(method, path, body)
+    assert client.status == 200 and client.header(b"X-Crossbar-Host") == b"titan"
+    assert crossbar.store.rows == {} and crossbar.store.events == []
+    assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
+    assert len(crossbar.parts.table) == 0
+
+
+def test_a_call_without_a_conversation_goes_to_the_route_lease_when_there_is_one():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    # An embeddings call has no conversation: it takes (and makes) the route's own lease.
+    first = crossbar.post("/r/convo/v1/embeddings", b'{"input": "x"}')
+    home = first.header(b"X-Crossbar-Host")
+    # Another conversation's lease makes home the busier host: the chooser would pick the other.
+    crossbar.post(CHAT, chat("a conversation"))
+    leases = dict(crossbar.store.rows)
+    props = crossbar.send("GET", "/r/convo/props")
+    assert props.header(b"X-Crossbar-Host") == home
+    assert crossbar.store.rows == leases  # nothing recorded
+
+
+def test_a_pinned_route_sends_calls_without_a_conversation_to_its_pin():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    crossbar.parts.table.note_candidates("convo", ["titan", "atlas"])
+    ensureDeferred(crossbar.parts.table.pin("convo", "atlas", 1.0))
+    props = crossbar.send("GET", "/r/convo/props")
+    assert props.header(b"X-Crossbar-Host") == b"atlas"
+    assert props.header(b"X-Crossbar-Lease") == b"pinned"
