@@ -26,6 +26,7 @@ from crossbar.errors import (
     INTERNAL,
     ClientError,
     Where,
+    bad_request,
     for_exception,
     not_found,
     unavailable,
@@ -224,6 +225,12 @@ class ProxyResource(Resource):
 
     def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         """Body, model, fingerprint and lease key of a request for a host."""
+        try:
+            return self._read_call(request, ex, target, kind)
+        except RecursionError:
+            raise bad_request("the request body is nested too deeply to be read") from None
+
+    def _read_call(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         config = self._config
         route, dialect, method, path = target.route, target.dialect, target.method, target.path
         raw = request.content.read()
@@ -354,9 +361,8 @@ class ProxyResource(Resource):
         def remember(id_: str) -> None:
             self._usage.remember_id(id_, host, fp)
 
-        relay = Relay(
-            request, self._clock, self._upstream.idle_timeout, call.dialect, host, remember
-        )
+        timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
+        relay = Relay(request, self._clock, timeouts, call.dialect, host, remember)
         extra = [
             (b"X-Crossbar-Host", host.encode()),
             (b"X-Crossbar-Lease", ex.lease.encode()),

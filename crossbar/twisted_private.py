@@ -15,6 +15,9 @@ above, so an upgrade that moves one of these fails a named test instead of a req
   make its factory quiet: one "Starting factory" log line per upstream connection is noise).
 - The request line's path while headers arrive: a body refused for its size is answered
   before `Request.requestReceived` runs, and the answer's shape depends on the path.
+- Why the server channel refused a request head: Twisted answers a bare 400 both for a head
+  it cannot parse and for one over its header count or size limits; crossbar says 431 for
+  the latter (`HTTPChannel._respondToBadRequestAndDisconnect` is overridden for that).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ __all__ = [
     "MAX_RESPONSE_HEAD_BYTES",
     "RequestNotSent",
     "connection_headers",
+    "head_too_large",
     "not_http",
     "quiet_pool",
     "request_line_path",
@@ -114,8 +118,16 @@ def not_http(failure: Failure) -> str | None:
     return None
 
 
-def request_line_path(request: Any) -> bytes:
-    """The path of the request line, available once the line is parsed (before
-    `requestReceived` sets `request.path`)."""
-    channel = request.channel
+def request_line_path(channel: Any) -> bytes:
+    """The path of a connection's current request line, available once the line is parsed
+    (before `requestReceived` sets `request.path`); b"" before that."""
     return getattr(channel, "_path", b"") if channel is not None else b""
+
+
+def head_too_large(channel: Any) -> bool:
+    """True when a connection's request head passed Twisted's limits on header count or
+    size (its answer to that is the same bare 400 as for any unparsable request)."""
+    return (
+        getattr(channel, "_receivedHeaderSize", 0) > channel.totalHeadersSize
+        or getattr(channel, "_receivedHeaderCount", 0) > channel.maxHeaders
+    )

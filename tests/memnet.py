@@ -68,12 +68,21 @@ class Client(Protocol):
     def __init__(self) -> None:
         self.received = b""
         self.lost = False
+        self.channel: Any = None  # the proxy's end of the connection
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
 
     def connectionLost(self, reason: Any = None) -> None:
         self.lost = True
+
+    def stop_reading(self) -> None:
+        """Stop taking bytes: the proxy's connection is paused, as a TCP transport whose send
+        buffer is full pauses it (in-memory transports never do by themselves)."""
+        self.channel.pauseProducing()
+
+    def read_again(self) -> None:
+        self.channel.resumeProducing()
 
     @property
     def status(self) -> int | None:
@@ -156,12 +165,16 @@ class Net:
 
     def host_heard(self, host: Host) -> None:
         handler = self.on_request.get(host.name)
-        # The newest request is in: a JSON body ended, or a head without a body did.
         newest = host.received[host.handled :]
-        whole = newest.endswith(b"}") or (
-            newest.endswith(b"\r\n\r\n") and b"content-length" not in newest.lower()
-        )
-        if handler is not None and whole:
+        head, found, body = newest.partition(b"\r\n\r\n")
+        if handler is None or not found:
+            return
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if len(body) >= length:  # the newest request is all in
             host.handled = len(host.received)
             handler(host)
 
@@ -169,13 +182,15 @@ class Net:
         """A new client connection to `site`."""
         client = Client()
         server = site.buildProtocol(None)
-        self._join(server, client, peer=IPv4Address("TCP", "10.0.0.9", 40000))
+        client.channel = server
+        self._join(server, client, IPv4Address("TCP", "10.0.0.9", 40000))
         return client
 
-    def _join(self, server: Any, client: Any, peer: Any = None) -> None:
+    def _join(self, server: Any, client: Any, peer: Any = None) -> FakeTransport:
         server_io = FakeTransport(server, isServer=True, peerAddress=peer)
         client_io = FakeTransport(client, isServer=False)
         self.pumps.append(connect(server, server_io, client, client_io, greet=False))
+        return server_io
 
     def flush(self) -> None:
         """Move every byte that can move (and run what is due now), until nothing moves."""
@@ -197,6 +212,13 @@ class Crossbar:
     parts: Parts
     sites: Sites
     store: MemoryStore
+
+    def raw(self, data: bytes) -> Client:
+        """Send raw bytes on a new client connection; flush."""
+        client = self.net.client(self.sites.proxy)
+        client.transport.write(data)
+        self.net.flush()
+        return client
 
     def post(self, path: str, body: bytes, **headers: str) -> Client:
         """Send one POST on a new client connection; flush."""

@@ -201,9 +201,12 @@ async def test_the_usage_series_buckets_tokens_per_route_for_the_chart(crossbar)
     assert answer["bucket"] == 60
     assert sorted(p["route"] for p in answer["series"]) == ["convo", "solo"]
     assert all(p["at"] % 60 == 0 and p["completion_tokens"] > 0 for p in answer["series"])
-    for query in ("bucket=0", "bucket=soon", "since=30d&bucket=1s"):
+    for query in ("bucket=0", "bucket=soon", "since=30d&bucket=1s", "bucket=nan", "bucket=inf"):
         code, body, _ = await crossbar.call("GET", f"/api/usage/series?{query}")
         assert code == 400 and body["error"]["message"].startswith("bucket:"), query
+    for query in ("since=nan", "since=-inf"):
+        code, body, _ = await crossbar.call("GET", f"/api/usage/series?{query}")
+        assert code == 400 and body["error"]["message"].startswith("since:"), query
 
 
 @pytest_twisted.ensureDeferred
