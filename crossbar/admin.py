@@ -39,6 +39,7 @@ from crossbar.store import USAGE_GROUPS, Store
 log = Logger(namespace="crossbar.admin")
 MAX_BODY = 64 * 1024  # admin requests are small JSON objects
 MAX_EVENTS = 1000
+MAX_ROUTES = 1000
 _INTERNAL = ClientError(500, "api_error", "the admin API failed on this request; see the log")
 
 Handler = Callable[..., Awaitable[Any]]
@@ -75,6 +76,18 @@ def _arg(request: Any, name: str) -> str | None:
     """A query argument; None when it is missing or empty (`?route=` filters nothing)."""
     values = request.args.get(name.encode())
     return values[0].decode("utf-8", "replace") or None if values else None
+
+
+def _limit(request: Any, most: int, default: int) -> int:
+    """The `limit` query argument: a whole number from 1 to `most`, or a 400."""
+    text = _arg(request, "limit") or str(default)
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if not 0 < limit <= most:
+        raise bad_request(f"limit: give a whole number from 1 to {most}, not {text!r}")
+    return limit
 
 
 def _body(request: Any) -> dict[str, Any]:
@@ -138,8 +151,10 @@ class Admin:
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
         """GET /api/routes: configured and seen routes, pins, lease counts."""
+        limit = _limit(request, MAX_ROUTES, default=100)
         usage = await self._store.usage_totals("route")
-        return {"routes": route_rows(self.config, self._table, usage)}
+        rows = route_rows(self.config, self._table, usage)
+        return {"routes": rows[:limit], "total": len(rows)}
 
     @app.route("/api/routes/<route>/leases", methods=["DELETE"])
     @api
@@ -225,13 +240,7 @@ class Admin:
     async def events(self, request: Any) -> dict[str, Any]:
         """GET /api/events?route=&since=&limit=: lease events, newest first."""
         since = since_arg(_arg(request, "since"), self.now())
-        text = _arg(request, "limit") or "100"
-        try:
-            limit = int(text)
-        except ValueError:
-            limit = -1
-        if not 0 < limit <= MAX_EVENTS:
-            raise bad_request(f"limit: give a whole number from 1 to {MAX_EVENTS}, not {text!r}")
+        limit = _limit(request, MAX_EVENTS, default=100)
         found = await self._store.list_events(
             route=_arg(request, "route"), since=since, limit=limit
         )

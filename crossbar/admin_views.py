@@ -47,7 +47,8 @@ def route_rows(config: Config, table: Table, usage: list[dict[str, Any]]) -> lis
         rows.append(
             {
                 "name": name,
-                "configured": route is not None,
+                "configured": name in config.routes,  # a [routes.<name>] table of its own
+                "served": route is not None,  # by that table or by a template
                 "template": route.template if route is not None else None,
                 "hosts": list(route.hosts) if route is not None else [],
                 "default_model": route.default_model if route is not None else "",

@@ -154,7 +154,7 @@ def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     rows = []
     for r in answer["routes"]:
         source = ("template " + r["template"]) if r["template"] else "config"
-        rows.append([r["name"], source if r["configured"] else "not in config",
+        rows.append([r["name"], source if r["served"] else "not in config",
                      ",".join(r["hosts"]), r["pinned"], r["leases"], r["requests"]])  # fmt: skip
     return answer, table(["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS"], rows)
 
