@@ -28,13 +28,15 @@ from crossbar.admin_views import (
     usage_series_args,
 )
 from crossbar.config import Config, ConfigError
-from crossbar.errors import ClientError, bad_request, not_found
+from crossbar.errors import ClientError, bad_request, not_found, unavailable
 from crossbar.hosts import Hosts, NoSuchHost
 from crossbar.inbound import json_object
+from crossbar.journal import StoreUnavailable
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
 from crossbar.metrics import CONTENT_TYPE_LATEST, Metrics
-from crossbar.store import USAGE_GROUPS, Store
+from crossbar.store import USAGE_GROUPS, Store, StoreError
+from crossbar.usage import UsageRecorder
 
 log = Logger(namespace="crossbar.admin")
 MAX_BODY = 64 * 1024  # admin requests are small JSON objects
@@ -110,6 +112,7 @@ class Admin:
         limiter: Limiter,
         store: Store,
         metrics: Metrics,
+        usage: UsageRecorder,
         reload: Reload,
     ) -> None:
         self.config = config
@@ -119,7 +122,9 @@ class Admin:
         self._limiter = limiter
         self._store = store
         self._metrics = metrics
+        self._usage = usage
         self._reload = reload
+        self._started = clock.seconds()
 
     def reconfigure(self, config: Config) -> None:
         """The reloaded config: its token, routes and hosts from the next request on."""
@@ -272,6 +277,23 @@ class Admin:
 
     # -- the service
 
+    @app.route("/api/status", methods=["GET"])
+    @api
+    async def status(self, request: Any) -> dict[str, Any]:
+        """GET /api/status: is the store written (or is crossbar routing from memory)."""
+        store = self._table.journal.status()
+        store["unsaved_usage_rows"] = len(self._usage.unsaved)
+        store["dropped_usage_rows"] = self._usage.dropped
+        healthy = sum(1 for h in self._hosts.names() if self._hosts.healthy(h))
+        return {
+            "status": "degraded" if store["degraded"] else "ok",
+            "store": store,
+            "hosts": {"configured": len(self._hosts.names()), "healthy": healthy},
+            "leases": len(self._table),
+            "started": self._started,
+            "uptime": self.now() - self._started,
+        }
+
     @app.route("/api/reload", methods=["POST"])
     @api
     async def reload(self, request: Any) -> dict[str, Any]:
@@ -322,6 +344,18 @@ class Admin:
         ).payload()
         body["error"]["errors"] = errors
         return _json(request, 400, body)
+
+    @app.handle_errors(StoreUnavailable)
+    def _store_unavailable(self, request: Any, failure: Any) -> bytes:
+        next_try = self._table.journal.status()["next_try_in"]
+        error = unavailable(str(failure.value), retry_after=next_try or 5)
+        return self._answer(request, error)
+
+    @app.handle_errors(StoreError)
+    def _store_error(self, request: Any, failure: Any) -> bytes:
+        log.error("admin: {error}", error=str(failure.value))
+        error = unavailable(f"the store cannot be read now: {failure.value}", retry_after=5)
+        return self._answer(request, error)
 
     @app.handle_errors(HTTPException)
     def _routing_error(self, request: Any, failure: Any) -> bytes:

@@ -8,6 +8,7 @@ byte that can move, and nothing else happens until the test says so.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -178,12 +179,12 @@ class Net:
             host.handled = len(host.received)
             handler(host)
 
-    def client(self, site: Any) -> Client:
-        """A new client connection to `site`."""
+    def client(self, site: Any, peer: str = "10.0.0.9") -> Client:
+        """A new client connection to `site` from `peer`."""
         client = Client()
         server = site.buildProtocol(None)
         client.channel = server
-        self._join(server, client, IPv4Address("TCP", "10.0.0.9", 40000))
+        self._join(server, client, IPv4Address("TCP", peer, 40000))
         return client
 
     def _join(self, server: Any, client: Any, peer: Any = None) -> FakeTransport:
@@ -212,6 +213,22 @@ class Crossbar:
     parts: Parts
     sites: Sites
     store: MemoryStore
+
+    def admin(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """Call the admin API as a loopback client; (status, parsed JSON)."""
+        client = self.net.client(self.sites.admin, peer="127.0.0.1")
+        data = b"" if body is None else json.dumps(body).encode()
+        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(data)}\r\n"
+        client.transport.write(head.encode() + b"\r\n" + data)
+        self.net.flush()
+        assert client.status is not None, client.received
+        answer = client.received.split(b"\r\n\r\n", 1)[1]
+        if client.header(b"transfer-encoding") == b"chunked":
+            answer = _unchunk(answer)
+        try:
+            return client.status, json.loads(answer)
+        except ValueError:
+            return client.status, answer.decode()
 
     def raw(self, data: bytes) -> Client:
         """Send raw bytes on a new client connection; flush."""
@@ -268,3 +285,15 @@ def start(routes: dict[str, Any], hosts: tuple[str, ...] = ("titan", "atlas"), *
         return []
 
     return Crossbar(net, parts, make_sites(config, parts, no_reload), store)
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out += rest[:n]
+        data = rest[n + 2 :]
+    return out

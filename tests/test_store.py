@@ -292,3 +292,20 @@ async def test_a_read_only_directory_is_named(tmp_path):
             )
     finally:
         tmp_path.chmod(0o755)
+
+
+@pytest_twisted.ensureDeferred
+async def test_durable_writes_are_committed_with_synchronous_full_and_the_rest_are_not(store):
+    statements = []
+    await store._pool.runWithConnection(lambda conn: conn.set_trace_callback(statements.append))
+    await store.apply(save=[lease(fp="pin")], durable=True)
+    await store.set_draining("a", True)
+    await store.apply(save=[lease(fp="plain")])
+    await store._pool.runWithConnection(lambda conn: conn.set_trace_callback(None))
+    marks = [
+        s.split()[0] if not s.startswith("PRAGMA") else s
+        for s in statements
+        if s.startswith(("PRAGMA synchronous", "INSERT", "COMMIT"))
+    ]
+    durable = ["PRAGMA synchronous = FULL", "INSERT", "COMMIT", "PRAGMA synchronous = NORMAL"]
+    assert marks == [*durable, *durable, "INSERT", "COMMIT"]
