@@ -12,7 +12,7 @@ from lease_fakes import open_store
 
 from crossbar.lease import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import StoreError, migrations
+from crossbar.store import StoreError, check, migrations
 
 
 def lease(route="r", fp="f", model="m", host="a", at=1.0, state=State.ACTIVE) -> Lease:
@@ -309,3 +309,18 @@ async def test_durable_writes_are_committed_with_synchronous_full_and_the_rest_a
     ]
     durable = ["PRAGMA synchronous = FULL", "INSERT", "COMMIT", "PRAGMA synchronous = NORMAL"]
     assert marks == [*durable, *durable, "INSERT", "COMMIT"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_crossbar_on_the_same_store_file_is_refused_while_the_first_runs(tmp_path):
+    path = str(tmp_path / "c.db")
+    first = await open_store(path)
+    try:
+        with pytest.raises(StoreError, match=r"in use by another crossbar \(pid \d+\)"):
+            await open_store(path)
+        assert "in use by another crossbar" in check(path)  # what twistd says at start
+    finally:
+        await first.close()
+    second = await open_store(path)  # the lock goes with the first one
+    await second.close()
+    assert check(path) is None
