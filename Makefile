@@ -33,7 +33,7 @@ browser:
 	fi
 
 # The real llama-server and a tiny real model (Gemma 3 270M) for tests/real/, built by the shared
-# script into REAL_CACHE: about 8-20 minutes on 2 cores the first time, then reused. On failure
+# script into REAL_CACHE: about 9 minutes on 2 cores the first time, then reused. On failure
 # `make real` prints the build's last lines and fails. LLAMA_SERVER/LLAMA_MODEL in the
 # environment win over the cache.
 REAL_CACHE ?= $(HOME)/.cache/crossbar-real
@@ -47,7 +47,7 @@ real:
 	if [ ! -f "$(GET_LLAMA)" ]; then \
 		echo "make real: no $(GET_LLAMA) to build llama-server with"; exit 1; fi; \
 	mkdir -p "$(REAL_CACHE)"; log="$(REAL_CACHE)/build.log"; start=$$(date +%s); \
-	echo "building llama-server and the model into $(REAL_CACHE) (8-20 min the first time; log $$log)"; \
+	echo "building llama-server and the model into $(REAL_CACHE) (about 9 min the first time; log $$log)"; \
 	if ! CACHE="$(REAL_CACHE)" bash "$(GET_LLAMA)" >"$$log" 2>&1; then \
 		echo "make real: the build failed; its last lines ($$log):"; tail -n 40 "$$log"; exit 1; fi; \
 	echo "built in $$(( $$(date +%s) - start )) s"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from tests.harness import MODEL, Crossbar, start_crossbar
+from tests.harness import MODEL, Crossbar, start_crossbar, wait
 from tests.real.llamas import IN_CI, Fleet, Llama, missing, server_args
 
 # The last resort against a hang: every wait in these tests is bounded well below this, and the
@@ -82,7 +82,9 @@ async def launch(tmp_path: pathlib.Path):
     yield start
     deaths = []
     for crossbar, fleet in started:
-        if crossbar is not None:
-            await crossbar.stop()
-        deaths += fleet.stop()
+        try:
+            if crossbar is not None:
+                await wait(crossbar.stop(), 30)
+        finally:
+            deaths += fleet.stop()
     assert not deaths, "\n".join(deaths)
