@@ -132,8 +132,10 @@ class AnthropicMessages:
                     extra_body={"temperature": 0},  # this SDK no longer takes it as a keyword
                 )
             except NotFoundError as e:
-                # Not a pass: this llama-server cannot show crossbar's Anthropic path at all.
-                raise AssertionError(f"this llama-server does not serve /v1/messages: {e}") from e
+                # Never a pass: without the host's /v1/messages this test shows nothing.
+                host = e.response.headers.get("x-crossbar-host")
+                who = f"llama-server {host}" if host else "crossbar"
+                raise AssertionError(f"{who} does not serve /v1/messages: {e}") from e
             message = raw.parse()
         text = "".join(block.text for block in message.content if block.type == "text")
         # Anthropic counts cache reads apart from input_tokens.
