@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
-from attrs import asdict, define, field
+from attrs import define, field
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -25,6 +24,7 @@ from twisted.web.client import HTTPConnectionPool
 
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.health import Getter, Health, Prober, Props, build_client, treq_getter
+from crossbar.host_status import host_status
 
 Listener = Callable[[str, str], None]
 
@@ -49,7 +49,7 @@ class NoSuchHost(KeyError):
 
 
 @define
-class _Host:
+class HostEntry:
     config: HostConfig
     health: Health = field(factory=Health)
     discovered: dict[str, Props] = field(factory=dict)
@@ -81,7 +81,7 @@ class Hosts:
                 http, self._pool = build_client(clock)
             get = treq_getter(http)
         self._get = get
-        self._hosts = {name: _Host(h) for name, h in config.hosts.items()}
+        self._hosts = {name: HostEntry(h) for name, h in config.hosts.items()}
         self._draining: set[str] = set()
         self._listeners: list[Listener] = []
         self._round_waiters: list[Deferred[None]] = []
@@ -129,7 +129,7 @@ class Hosts:
 
     def status(self) -> list[dict[str, Any]]:
         """Every host for the admin API, in config order. Never includes the api key."""
-        return [self._status(name, h) for name, h in self._hosts.items()]
+        return [host_status(self, name, h) for name, h in self._hosts.items()]
 
     # -- draining
 
@@ -156,6 +156,18 @@ class Hosts:
         self._log.info(
             "host {host} {what}", host=name, what="draining" if draining else "undrained"
         )
+
+    def remote_draining(self, name: str, draining: bool) -> None:
+        """Another instance sharing the store drained or undrained `name` (already saved)."""
+        if draining == (name in self._draining):
+            return
+        (self._draining.add if draining else self._draining.discard)(name)
+        what = "draining" if draining else "undrained"
+        self._log.info("host {host} {what} (by another instance)", host=name, what=what)
+
+    def replace_draining(self, names: set[str]) -> None:
+        """The store's draining flags, after a reload of its whole state."""
+        self._draining = set(names)
 
     # -- health
 
@@ -213,11 +225,11 @@ class Hosts:
         """Take a reloaded config: new hosts start healthy, removed ones are forgotten, the
         rest keep their health. Listeners hear about every pair whose parallel changed."""
         before = self._parallels()
-        hosts: dict[str, _Host] = {}
+        hosts: dict[str, HostEntry] = {}
         for name, new in config.hosts.items():
             host = self._hosts.get(name)
             if host is None:
-                host = _Host(new)
+                host = HostEntry(new)
                 self._log.info("host {host} added", host=name)
             elif host.config != new:
                 if host.config.url != new.url:
@@ -237,13 +249,13 @@ class Hosts:
 
     # -- internals
 
-    def _host(self, name: str) -> _Host:
+    def _host(self, name: str) -> HostEntry:
         host = self._hosts.get(name)
         if host is None:
             raise NoSuchHost(name)
         return host
 
-    def _model(self, name: str, model: str) -> tuple[_Host | None, ModelConfig | None]:
+    def _model(self, name: str, model: str) -> tuple[HostEntry | None, ModelConfig | None]:
         host = self._hosts.get(name)
         return (host, None) if host is None else (host, host.config.model(model))
 
@@ -281,7 +293,7 @@ class Hosts:
             if not w.called:
                 w.callback(None)
 
-    def _start_probe(self, name: str, host: _Host) -> Deferred[None]:
+    def _start_probe(self, name: str, host: HostEntry) -> Deferred[None]:
         d = Deferred.fromCoroutine(self._probe(name, host))
         self._probing[name] = d
 
@@ -295,7 +307,7 @@ class Hosts:
 
         return d.addErrback(cancelled).addBoth(done)
 
-    async def _probe(self, name: str, host: _Host) -> None:
+    async def _probe(self, name: str, host: HostEntry) -> None:
         epoch = host.health.epoch
         probe = await self._prober().check(host.config)
         if self._hosts.get(name) is not host or host.health.epoch != epoch:
@@ -306,7 +318,7 @@ class Hosts:
         if probe.ok and not host.discovery_done:
             await self._discover(name, host)
 
-    def _flipped(self, name: str, host: _Host) -> None:
+    def _flipped(self, name: str, host: HostEntry) -> None:
         reason = host.health.reason
         if host.health.healthy:
             self._log.info("host {host} is healthy again: {reason}", host=name, reason=reason)
@@ -315,7 +327,7 @@ class Hosts:
             host.discovery_done = False
             self._log.warn("host {host} is unhealthy: {reason}", host=name, reason=reason)
 
-    async def _discover(self, name: str, host: _Host) -> None:
+    async def _discover(self, name: str, host: HostEntry) -> None:
         before, url = self._parallels(), host.config.url
         found, failed = await self._prober().read_props(host.config)
         if self._hosts.get(name) is not host or host.config.url != url:
@@ -341,44 +353,3 @@ class Hosts:
 
     def _prober(self) -> Prober:
         return Prober(self._get, self._clock, self._config.server.health_timeout)
-
-    def _status(self, name: str, host: _Host) -> dict[str, Any]:
-        health, last = host.health, host.health.last
-        return {
-            "name": name,
-            "url": _public_url(host.config.url),
-            "healthy": health.healthy,
-            "draining": name in self._draining,
-            "reason": health.reason,
-            "flips": health.flips,
-            "consecutive_failures": health.bad,
-            "consecutive_successes": health.good,
-            "last_probe": None if last is None else asdict(last),
-            "models": [self._model_status(name, host, m) for m in host.config.models],
-        }
-
-    def _model_status(self, name: str, host: _Host, m: ModelConfig) -> dict[str, Any]:
-        props = host.discovered.get(m.name)
-
-        def source(configured: int | None, found: int | None) -> str:
-            if configured is not None:
-                return "config"
-            return "props" if found else "default"
-
-        return {
-            "name": m.name,
-            "upstream": m.upstream_name,
-            "parallel": self.parallel(name, m.name),
-            "parallel_source": source(m.parallel, props and props.total_slots),
-            "ctx": self.ctx(name, m.name),
-            "ctx_source": source(m.ctx, props and props.n_ctx),
-        }
-
-
-def _public_url(url: str) -> str:
-    # A password in the URL is as secret as the api key.
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

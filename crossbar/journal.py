@@ -16,16 +16,16 @@ again with a growing backoff; the first write that lands ends the outage, with n
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Protocol
 
-from attrs import define, field, frozen
+from attrs import define, field
 from twisted.internet.defer import Deferred, ensureDeferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
-from crossbar.lease_types import Key, Lease
+from crossbar.lease_types import Change, Key, Lease, Written
 from crossbar.records import LeaseEvent
 
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # seconds between tries while the store fails
@@ -47,24 +47,9 @@ class StoreUnavailable(Exception):
 class JournalStore(Protocol):
     """What the journal needs of crossbar.store.Store."""
 
-    async def apply(
-        self,
-        save: Iterable[Lease] = (),
-        delete: Iterable[Key] = (),
-        events: Iterable[LeaseEvent] = (),
-        durable: bool = False,
-    ) -> None: ...
+    async def write(self, change: Change, durable: bool = False) -> Written: ...
 
     async def ping(self) -> None: ...
-
-
-@frozen
-class Change:
-    """Leases saved (upserted) and deleted, and the events that say why."""
-
-    save: Sequence[Lease] = ()
-    delete: Sequence[Key] = ()
-    events: Sequence[LeaseEvent] = ()
 
 
 def _merge(changes: Iterable[Change]) -> tuple[dict[Key, Lease | None], list[LeaseEvent]]:
@@ -99,21 +84,22 @@ class Journal:
 
     # -- what the table calls
 
-    def submit(self, change: Change, keep_ok: bool, durable: bool = False) -> Deferred[bool]:
-        """Write `change`: fires True once it is in the store, False when it was kept in
-        memory for later (only with `keep_ok`); fails with StoreUnavailable otherwise."""
+    def submit(self, change: Change, keep_ok: bool, durable: bool = False) -> Deferred[Written]:
+        """Write `change`: fires with what the store did, or (only with `keep_ok`) with a
+        plain Written when it was kept in memory for later; fails with StoreUnavailable
+        otherwise. A kept change's condition (`expect`) is not checked: after an outage the
+        last writer wins, and the other instances follow it through the change log."""
         if self.degraded:
             return self._refuse(change, keep_ok)
-        states, events = _merge([change])
-        write = ensureDeferred(self._apply(states, events, durable))
-        done: Deferred[bool] = Deferred()
+        write = ensureDeferred(self.store.write(change, durable))
+        done: Deferred[Written] = Deferred()
 
         def written(result: object) -> None:
             if isinstance(result, Failure):
                 self._degrade(result.value)
                 self._refuse(change, keep_ok).chainDeferred(done)
             else:
-                done.callback(True)
+                done.callback(result)
 
         write.addBoth(written)
         return done
@@ -163,15 +149,15 @@ class Journal:
 
     def _apply(
         self, states: dict[Key, Lease | None], events: list[LeaseEvent], durable: bool
-    ) -> Awaitable[None]:
+    ) -> Awaitable[Written]:
         saves = [lease for lease in states.values() if lease is not None]
         deletes = [key for key, lease in states.items() if lease is None]
-        return self.store.apply(save=saves, delete=deletes, events=events, durable=durable)
+        return self.store.write(Change(saves, deletes, events), durable=durable)
 
-    def _refuse(self, change: Change, keep_ok: bool) -> Deferred[bool]:
+    def _refuse(self, change: Change, keep_ok: bool) -> Deferred[Written]:
         if keep_ok:
             self._keep([change])
-            return succeed(False)
+            return succeed(Written())
         return fail(StoreUnavailable(self.reason))
 
     def _keep(self, changes: Iterable[Change]) -> None:
@@ -253,3 +239,20 @@ class Journal:
                 listener(degraded)
             except Exception:
                 _log.failure("store state listener failed")
+
+
+def shielded(d: Deferred[Any]) -> Deferred[Any]:
+    """A Deferred with `d`'s result; cancelling it leaves `d` (a store write) running."""
+    out: Deferred[Any] = Deferred()
+
+    def relay(result: object) -> None:
+        if out.called:  # `out` was cancelled: nobody waits for this result any more
+            if isinstance(result, Failure):
+                _log.failure("lease write failed; its caller had gone", result, LogLevel.error)
+        elif isinstance(result, Failure):
+            out.errback(result)
+        else:
+            out.callback(result)
+
+    d.addBoth(relay)
+    return out

@@ -10,26 +10,29 @@ refused (StoreUnavailable) and change nothing.
 
 Concurrency: `acquire` holds a per-key lock across its write, so calls for one key resolve to
 one host while other keys go on. Route-wide operations (pin, release, expiry) take no lock:
-each applies to memory exactly the change it wrote, and the journal writes changes in the
+each applies to memory exactly the change it wrote, and the store completes writes in the
 order they were submitted, so memory replays the store's history. A stale decision is healed
-by the next acquire (a lease left on another host under a pin moves to the pin).
+by the next acquire (a lease left on another host under a pin moves to the pin). Instances
+sharing a store: a lease is made or moved only if the store still has it where this instance
+thinks (else the other instance's row is adopted), expiry spares leases used elsewhere since,
+and each instance follows the others' changes (follower.py, lease_memory.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from attrs import evolve
-from twisted.internet.defer import CancelledError, Deferred, DeferredLock
+from twisted.internet.defer import CancelledError, DeferredLock
 from twisted.internet.task import Clock
-from twisted.logger import Logger, LogLevel
-from twisted.python.failure import Failure
+from twisted.logger import Logger
 
-from crossbar.journal import Change, Journal
-from crossbar.lease_index import LeaseIndex
+from crossbar.journal import Journal, shielded
+from crossbar.lease_memory import LeaseMemory
 from crossbar.lease_types import (
     Acquired,
+    Change,
     HostChooser,
     HostStates,
     Key,
@@ -40,6 +43,7 @@ from crossbar.lease_types import (
     PinnedDown,
     State,
     UnknownHost,
+    Written,
     pin_key,
 )
 from crossbar.records import LeaseEvent
@@ -61,9 +65,14 @@ __all__ = [
 ]
 
 _log = Logger()
+_RETRIES = 3  # decisions an acquire may lose to other instances before it stops catching
 
 
-class Table:
+class _Lost(Exception):
+    """Another instance wrote the key first; its row is in memory now."""
+
+
+class Table(LeaseMemory):
     """The lease table. Build it with `await Table.load(...)`."""
 
     def __init__(
@@ -73,18 +82,16 @@ class Table:
         chooser: HostChooser,
         idle: float,
     ) -> None:
+        super().__init__()
         self._journal = journal
         self._hosts = hosts
         self._chooser = chooser
         self._idle = idle
-        # Writing last_used on every request would cost a SQLite write per request, so a reused
+        # Writing last_used on every request would cost a store write per request, so a reused
         # lease's last_used is persisted only once it advanced by more than this; expiry reads
-        # the in-memory value, so at worst a restart expires a lease this much early.
+        # the in-memory value, so at worst a restart (or another instance sharing the store)
+        # expires a lease this much early.
         self._touch_every = min(60.0, idle / 100)
-        self._index = LeaseIndex()
-        self._saved_use: dict[Key, float] = {}  # last_used as the store has it
-        self._pins: dict[str, Lease] = {}
-        self._seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
         self._locks: dict[Key, DeferredLock] = {}
         # Called with each event once its change takes effect: written, or kept in memory while
         # the store fails (metrics).
@@ -110,40 +117,10 @@ class Table:
             table._seen.setdefault(lease.key.route, set()).add(lease.host)
         return table
 
-    # -- reading -----------------------------------------------------------------------------
-
-    def __len__(self) -> int:
-        """Leases held (pins excluded)."""
-        return len(self._index)
-
     @property
     def journal(self) -> Journal:
         """Where the table's changes go: the store's state (degraded?) and unsaved leases."""
         return self._journal
-
-    def pinned(self, route: str) -> str | None:
-        pin = self._pins.get(route)
-        return pin.host if pin else None
-
-    def pins(self) -> dict[str, str]:
-        """route -> pinned host."""
-        return {route: pin.host for route, pin in self._pins.items()}
-
-    def snapshot(self, route: str | None = None) -> list[Lease]:
-        """Copies of the leases (of `route`, or all), sorted by route, fp, model; pins excluded."""
-        leases = self._index.of_route(route) if route is not None else self._index.all()
-        return sorted(
-            (evolve(lease) for lease in leases),
-            key=lambda lease: (lease.key.route, lease.key.fp, lease.key.model),
-        )
-
-    def count(self, host: str, model: str) -> int:
-        """Leases of every route held on `host` for `model` (O(1))."""
-        return self._index.count(host, model)
-
-    def hosts_with_lease(self, routes: Iterable[str], model: str) -> set[str]:
-        """Hosts where any of `routes` holds a lease for `model` (the chooser's peers rule)."""
-        return self._index.hosts_with_lease(routes, model)
 
     # -- acquire -----------------------------------------------------------------------------
 
@@ -198,6 +175,18 @@ class Table:
             del self._locks[key]
 
     async def _acquire(
+        self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str]
+    ) -> Acquired:
+        # Another instance sharing the store may write the key between our decision and our
+        # write; the write then fails, its row is taken into memory, and we decide again.
+        for _ in range(_RETRIES):
+            try:
+                return await self._decide(key, candidates, now, peers)
+            except _Lost:
+                continue
+        return await self._decide(key, candidates, now, peers)
+
+    async def _decide(
         self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str]
     ) -> Acquired:
         healthy, draining = self._hosts.healthy, self._hosts.draining
@@ -256,14 +245,17 @@ class Table:
         )
 
     async def _place(self, key: Key, host: str, now: float, reason: str, origin: str) -> None:
+        """Make or move `key`'s lease, if the store still has it where we think (`origin`)."""
         lease = Lease(key, host, State.ACTIVE, created=now, last_used=now)
         event = LeaseEvent(now, key.route, key.fp, key.model, origin, host, reason)
-        await self._commit(Change(save=[lease], events=[event]), keep_ok=True)
+        change = Change(save=[lease], events=[event], expect=(key, origin))
+        await self._commit(change, keep_ok=True)
 
     async def _touch(self, lease: Lease, now: float) -> None:
         if now - self._saved_use[lease.key] > self._touch_every:
             touched = evolve(lease, last_used=max(lease.last_used, now))
-            await self._commit(Change(save=[touched]), keep_ok=True)
+            change = Change(save=[touched], expect=(lease.key, lease.host))
+            await self._commit(change, keep_ok=True)
         else:
             lease.last_used = max(lease.last_used, now)
 
@@ -272,8 +264,8 @@ class Table:
     async def expire_idle(self, now: float) -> int:
         """Drop leases unused for longer than `idle` (pins never expire); returns how many."""
         idle = [lease for lease in self._index.all() if now - lease.last_used > self._idle]
-        await self._drop(idle, now, "idle")
-        return len(idle)
+        written = await self._drop(idle, now, "idle", idle_before=now - self._idle)
+        return len(idle) - len(written.kept)
 
     async def pin(self, route: str, host: str, now: float) -> None:
         """Send every request of `route` to `host`; the route's leases elsewhere are deleted.
@@ -308,11 +300,6 @@ class Table:
             hosts.intersection_update(config.hosts)
         return await self.drop_hosts(gone, now) if gone else 0
 
-    def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
-        """The config names these hosts for `route`: a pin to one of them is allowed even
-        before any request of the route was seen."""
-        self._seen.setdefault(route, set()).update(hosts)
-
     async def unpin(self, route: str, now: float) -> None:
         """Remove the route's pin; its leases stay where they are."""
         host = self.pinned(route)
@@ -346,24 +333,29 @@ class Table:
         pins: Sequence[Lease] = (),
         keep_ok: bool = False,
         durable: bool = False,
-    ) -> None:
-        """Delete leases (and pin rows), one `reason` event each."""
+        idle_before: float | None = None,
+    ) -> Written:
+        """Delete leases (and pin rows), one `reason` event each. With `idle_before` only
+        those the store has not seen used since (another instance may have)."""
         gone = [*pins, *leases]
-        if gone:
-            events = [
-                LeaseEvent(now, x.key.route, x.key.fp, x.key.model, x.host, "", reason)
-                for x in gone
-            ]
-            change = Change(delete=[x.key for x in gone], events=events)
-            await self._commit(change, keep_ok=keep_ok, durable=durable)
+        if not gone:
+            return Written()
+        events = [
+            LeaseEvent(now, x.key.route, x.key.fp, x.key.model, x.host, "", reason) for x in gone
+        ]
+        change = Change(delete=[x.key for x in gone], events=events, idle_before=idle_before)
+        return await self._commit(change, keep_ok=keep_ok, durable=durable)
 
     # -- writing -----------------------------------------------------------------------------
 
-    async def _commit(self, change: Change, keep_ok: bool = False, durable: bool = False) -> None:
+    async def _commit(
+        self, change: Change, keep_ok: bool = False, durable: bool = False
+    ) -> Written:
         """Write a change, then apply it to memory. With `keep_ok` a change the store cannot
         take now is applied all the same and kept by the journal; otherwise a failed write
         raises StoreUnavailable and changes nothing. `durable`: an operator's change, made
-        durable before it is acknowledged.
+        durable before it is acknowledged. A conditional change another instance beat takes
+        the store's row into memory and raises _Lost.
 
         Memory is updated from the write's own callback, so a caller cancelled mid-write (a
         client gone) still leaves memory agreeing with the store; the caller waits for the
@@ -371,52 +363,28 @@ class Table:
         write = self._journal.submit(change, keep_ok=keep_ok, durable=durable)
         write.addCallback(self._applied, change)
         try:
-            await _shielded(write)
+            return await shielded(write)
         except CancelledError:
-            await _shielded(write)
+            await shielded(write)
             raise
 
-    def _applied(self, _: object, change: Change) -> None:
+    def _applied(self, written: Written, change: Change) -> Written:
+        if not written.applied:
+            assert change.expect is not None
+            self._take(change.expect[0], written.current, written.change_id)
+            raise _Lost()
         for key in change.delete:
-            self._forget(key)
+            if key not in written.kept:
+                self._forget(key)
         for lease in change.save:
             self._remember(lease)
+        self._mark_own(change, written.change_id)
         for event in change.events:
+            if Key(event.route, event.fp, event.model) in written.kept:
+                continue
             for listener in list(self.listeners):
                 try:
                     listener(event)
                 except Exception:
                     _log.failure("lease listener failed on {event}", event=event)
-
-    def _remember(self, lease: Lease, copy: bool = True) -> None:
-        if copy:
-            lease = evolve(lease)  # never share an object with the caller or the store
-        key = lease.key
-        if key.fp == "" and key.model == "" and lease.state is State.PINNED:
-            self._pins[key.route] = lease
-        else:
-            self._index.put(lease)
-            self._saved_use[key] = lease.last_used
-
-    def _forget(self, key: Key) -> None:
-        if key == pin_key(key.route):
-            self._pins.pop(key.route, None)
-        self._index.drop(key)
-        self._saved_use.pop(key, None)
-
-
-def _shielded(d: Deferred[Any]) -> Deferred[Any]:
-    """A Deferred with `d`'s result; cancelling it leaves `d` (a store write) running."""
-    out: Deferred[Any] = Deferred()
-
-    def relay(result: object) -> None:
-        if out.called:  # `out` was cancelled: nobody waits for this result any more
-            if isinstance(result, Failure):
-                _log.failure("lease write failed; its caller had gone", result, LogLevel.error)
-        elif isinstance(result, Failure):
-            out.errback(result)
-        else:
-            out.callback(result)
-
-    d.addBoth(relay)
-    return out
+        return written

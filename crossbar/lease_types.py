@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from attrs import define, frozen
@@ -48,6 +48,32 @@ class Acquired:
     pinned: bool
 
 
+@frozen
+class Change:
+    """Leases saved (upserted) and deleted, and the events that say why, written at once.
+
+    `expect` (key, host it had; "" for none) makes the change conditional: it is written only
+    if the store still says so, else nothing is and the store's row comes back (another
+    instance got there first). `idle_before` makes the deletes an expiry: a lease last used
+    since then (on another instance) is not deleted."""
+
+    save: Sequence[Lease] = ()
+    delete: Sequence[Key] = ()
+    events: Sequence[LeaseEvent] = ()
+    expect: tuple[Key, str] | None = None
+    idle_before: float | None = None
+
+
+@frozen
+class Written:
+    """What the store did with a change."""
+
+    applied: bool = True  # False: `expect` did not hold, nothing was written
+    current: Lease | None = None  # then: the key's row as the store has it (None: no row)
+    kept: frozenset[Key] = frozenset()  # an expiry's leases used since `idle_before`
+    change_id: int = 0  # the number of its last row in the change log (0: none written)
+
+
 class LeaseError(Exception):
     """A lease could not be had."""
 
@@ -80,17 +106,11 @@ class UnknownHost(LeaseError):
 
 
 class LeaseStore(Protocol):
-    """What the table needs of `crossbar.store.Store`."""
+    """What the table (and its journal) need of `crossbar.store.Store`."""
 
     async def list_leases(self) -> list[Lease]: ...
 
-    async def apply(
-        self,
-        save: Iterable[Lease] = (),
-        delete: Iterable[Key] = (),
-        events: Iterable[LeaseEvent] = (),
-        durable: bool = False,
-    ) -> None: ...
+    async def write(self, change: Change, durable: bool = False) -> Written: ...
 
     async def ping(self) -> None: ...
 

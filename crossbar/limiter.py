@@ -169,7 +169,16 @@ class Limiter:
         if slots is not None:
             self._admit(key, slots)
 
+    def resized_all(self) -> None:
+        """Every `parallel` may have changed (another crossbar instance came or went)."""
+        for key, slots in list(self._slots.items()):
+            self._admit(key, slots)
+
     # -- views
+
+    def total_in_flight(self) -> int:
+        """Requests in flight over every (host, model)."""
+        return sum(slots.in_flight for slots in self._slots.values())
 
     def parallel(self, host: str, model: str) -> int:
         """Slots of (host, model) as configured or discovered (0 or less: not known)."""

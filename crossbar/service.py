@@ -26,6 +26,7 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from crossbar.config import Config, ConfigError, load_config
+from crossbar.follower import FOLLOW_EVERY
 from crossbar.hosts import Hosts
 from crossbar.store import Store
 from crossbar.sweep import Sweep
@@ -134,8 +135,18 @@ class CrossbarService(MultiService):
         await parts.hosts.probe_all()  # ...and the proxy port waits for it
         sweeper = Every("sweep", _sweep_interval, config, sweep.run, reactor)
         sweeper.setServiceParent(self)
+        # Other instances sharing the store: their changes, and this one's slot share, known
+        # before the first client is served.
+        await parts.instances.beat()
+        await parts.follower.run()
+        follow = Every("follow", _follow_every, config, parts.follower.run, reactor)
+        follow.setServiceParent(self)
+        beats = Every("heartbeat", _health_interval, config, parts.instances.beat, reactor)
+        beats.setServiceParent(self)
         self.proxy_port = await self._listen("proxy", s.listen, sites.proxy)
         self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
+        address = self.proxy_port.getHost()
+        parts.instances.address = f"{getattr(address, 'host', '')}:{getattr(address, 'port', '')}"
         self._reconfigurable = [
             parts.hosts.reconfigure,
             parts.limiter.reconfigure,
@@ -149,6 +160,8 @@ class CrossbarService(MultiService):
             sites.api.reconfigure,
             probes.reconfigure,
             sweeper.reconfigure,
+            parts.instances.reconfigure,
+            beats.reconfigure,
         ]
         self._install_sighup()
         log.info(
@@ -244,6 +257,7 @@ class CrossbarService(MultiService):
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
         await parts.upstream.close()
+        await parts.instances.leave()
         parts.journal.stop()
         await parts.store.close()  # last: every row written before the stop is kept
         log.info("crossbar stopped")
@@ -257,6 +271,10 @@ def probe_timer(config: Config, hosts: Hosts, clock: Any) -> Every:
     """Probe rounds every `health_interval`, the first at once; a slow round delays the next
     instead of overlapping it."""
     return Every("probes", _health_interval, config, hosts.probe_all, clock)
+
+
+def _follow_every(config: Config) -> float:
+    return FOLLOW_EVERY
 
 
 def _sweep_interval(config: Config) -> float:

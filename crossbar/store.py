@@ -1,113 +1,120 @@
-"""crossbar's SQLite store (SPEC §9): leases and pins, lease events, usage rows, drained hosts.
+"""crossbar's store (SPEC §9): leases and pins, lease events, usage rows, drained hosts, and
+what several instances share: the change log and their heartbeats.
 
-One connection through `twisted.enterprise.adbapi` (one thread, so writes complete in the order
-they were submitted and ":memory:" stays one database), WAL, `synchronous=NORMAL`. The schema is
-package data: `schema/NNN-name.sql`, applied in order, the version kept in `schema_version`.
-Functions run by `runInteraction` execute in the pool's thread and never touch the reactor.
+SQLite (one file, WAL) or PostgreSQL (crossbar.backends), through `twisted.enterprise.adbapi`
+with one connection on one thread, so writes complete in the order they were submitted.
+Functions run in that thread never touch the reactor. Opening and migrations:
+crossbar.store_setup; the lease table's writes: `write` here, the conditions explained on
+`crossbar.lease_types.Change`.
 """
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from attrs import astuple, fields
+from attrs import astuple, fields, frozen
 from twisted.enterprise.adbapi import ConnectionPool, Transaction
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.instance_lock import InstanceBusy, InstanceLock
-from crossbar.lease import Key, Lease, State
+from crossbar.backends import SQLITE, Backend, backend_for, redact
+from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store_setup import (
-    StoreError,
-    check,
-    diagnose,
-    init_connection,
-    migrate,
-    migrations,
-    shut,
-)
+from crossbar.store_queries import usage_series_rows, usage_totals_rows
+from crossbar.store_setup import StoreError, check, diagnose, init_connection, migrate, shut
+from crossbar.store_writes import ChangeRow, read_changes, write_change, write_draining
 
-__all__ = ["USAGE_GROUPS", "Store", "StoreError", "check", "migrations"]
+__all__ = ["USAGE_GROUPS", "ChangeRow", "Store", "StoreError", "check"]
 
 T = TypeVar("T")
 
 USAGE_GROUPS = ("route", "host", "model")
 _LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"
-# The records' fields are the tables' columns, in order.
 _EVENT_COLUMNS = ", ".join(a.name for a in fields(LeaseEvent))
 _USAGE_COLUMNS = ", ".join(a.name for a in fields(UsageRow))
+_STATES = {s.value: s for s in State}  # a dict lookup; State(value) is slower
+
+
+@frozen
+class InstanceRow:
+    """One crossbar instance as the store knows it; `heartbeat` on the database's clock."""
+
+    id: str
+    address: str
+    version: str
+    digest: str
+    started: float
+    heartbeat: float
+    in_flight: int
 
 
 class Store:
-    """The database. Open it with `await Store.open(path, reactor)`; every method is async."""
+    """The database. Open it with `await Store.open(db, reactor)`; every method is async."""
 
     def __init__(
-        self,
-        pool: ConnectionPool,
-        path: str,
-        reactor: IReactorCore,
-        lock: InstanceLock | None = None,
+        self, pool: ConnectionPool, db: str, reactor: IReactorCore, backend: Backend, instance: str
     ) -> None:
         self._pool = pool
         self._reactor = reactor
-        self.path = path
-        self._lock = lock
+        self._backend = backend
+        self.db = db
+        self.path = redact(db)  # what may be shown: no password
+        self.instance = instance  # who writes: the change log says so
         self._closed = False
 
     @classmethod
-    async def open(cls, path: str, reactor: IReactorCore) -> Store:
-        """Open (creating if needed) and migrate the database at `path` (":memory:" allowed).
-
-        Raises StoreError saying why when it cannot be opened, read or written, or when
-        another crossbar uses it (one instance per store file)."""
-        try:
-            lock = InstanceLock.take(path)
-        except InstanceBusy as e:
-            raise StoreError(str(e)) from None
-        pool = ConnectionPool(
-            "sqlite3",
-            path,
-            cp_min=1,
-            cp_max=1,
-            check_same_thread=False,
-            isolation_level=None,  # autocommit; write interactions BEGIN explicitly
-            cp_openfun=lambda conn: init_connection(conn, memory=path == ":memory:"),
-            cp_reactor=reactor,
+    async def open(cls, db: str, reactor: IReactorCore, instance: str = "") -> Store:
+        """Open (creating if needed) and migrate the store at `db`: an SQLite path
+        (":memory:" allowed) or a PostgreSQL URL. `instance` names this crossbar in the
+        change log. Raises StoreError saying why it cannot be opened, read or written."""
+        backend = backend_for(db)
+        openfun = (
+            (lambda conn: init_connection(conn, db == ":memory:")) if backend is SQLITE else None
         )
+        pool = backend.pool(db, reactor, openfun)
         try:
-            await pool.runWithConnection(migrate)
+            await pool.runWithConnection(migrate, backend)
         except Exception as e:
-            reason = await deferToThreadPool(reactor, pool.threadpool, diagnose, path, e)
+            reason = await deferToThreadPool(reactor, pool.threadpool, diagnose, db, e)
             await shut(pool, reactor)
-            if lock is not None:
-                lock.release()
-            raise StoreError(f"cannot open the store {path}: {reason}") from e
-        return cls(pool, path, reactor, lock)
+            raise StoreError(f"cannot open the store {redact(db)}: {reason}") from e
+        return cls(pool, db, reactor, backend, instance)
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
 
     async def close(self) -> None:
         """Close the connection (in its own thread) and stop the pool."""
         if not self._closed:
             self._closed = True
-            try:
-                await shut(self._pool, self._reactor)
-            finally:
-                if self._lock is not None:
-                    self._lock.release()
+            await shut(self._pool, self._reactor)
 
     async def _run(self, what: str, fn: Callable[..., T], *args: Any, durable: bool = False) -> T:
         if self._closed:
             raise StoreError(f"store {self.path}: {what} after close")
         try:
-            if durable:
+            if durable and self._backend is SQLITE:
                 return await self._pool.runWithConnection(_durably, fn, *args)
             return await self._pool.runInteraction(fn, *args)
-        except sqlite3.Error as e:
+        except self._backend.errors as e:
             raise StoreError(f"store {self.path}: {what} failed: {e}") from e
 
+    async def _query(self, what: str, sql: str, args: tuple = ()) -> list[tuple]:
+        return await self._run(what, _query, self._backend.sql(sql), args)
+
     # -- leases ------------------------------------------------------------------------------
+
+    async def write(self, change: Change, durable: bool = False) -> Written:
+        """Write a change of the lease table in one transaction (with its change-log rows):
+        all of it or, when its `expect` fails, none. `durable`: synced to disk before it
+        returns, for what an operator is told is done."""
+        if not (change.save or change.delete or change.events):
+            return Written()
+        return await self._run(
+            "saving leases", write_change, self._backend, self.instance, change, durable=durable
+        )
 
     async def apply(
         self,
@@ -116,29 +123,30 @@ class Store:
         events: Iterable[LeaseEvent] = (),
         durable: bool = False,
     ) -> None:
-        """Delete, save (upsert) and record events in one transaction: all or nothing.
-
-        `durable`: synced to disk before it returns (`synchronous = FULL` for this commit),
-        for changes an operator is told are made; the rest may lose their last transactions
-        on a power loss (never on a crash of the process), as WAL with NORMAL does."""
-        rows = [_lease_row(lease) for lease in save]
-        keys = [(k.route, k.fp, k.model) for k in delete]
-        evs = [_event_row(e) for e in events]
-        if rows or keys or evs:
-            await self._run("saving leases", _apply, rows, keys, evs, durable=durable)
+        """Save (upsert) and delete leases and record events, unconditionally."""
+        await self.write(Change(list(save), list(delete), list(events)), durable)
 
     async def ping(self) -> None:
         """A write that changes nothing: raises StoreError while the store cannot be written."""
-        await self._run("checking the store", _touch_version)
+        await self._run("checking the store", _touch_version, self._backend)
 
     async def list_leases(self) -> list[Lease]:
         """Every lease and pin row."""
-        rows = await self._run("listing leases", _query, f"SELECT {_LEASE_COLUMNS} FROM leases")
-        states = {s.value: s for s in State}  # a dict lookup; State(value) is slower
+        rows = await self._query("listing leases", f"SELECT {_LEASE_COLUMNS} FROM leases")
         return [
-            Lease(Key(route, fp, model), host, states[state], created, last_used)
+            Lease(Key(route, fp, model), host, _STATES[state], created, last_used)
             for route, fp, model, host, state, created, last_used in rows
         ]
+
+    async def last_change(self) -> int:
+        """The number of the newest change-log row (read before the leases at start: what
+        comes after it, the follower applies)."""
+        ((n,),) = await self._query("reading the change log", "SELECT n FROM change_counter")
+        return n
+
+    async def changes_since(self, after: int, limit: int = 1000) -> list[ChangeRow]:
+        """Change-log rows numbered after `after`, oldest first."""
+        return await self._run("reading the change log", read_changes, self._backend, after, limit)
 
     async def list_events(
         self, route: str | None = None, since: float | None = None, limit: int = 100
@@ -146,15 +154,16 @@ class Store:
         """Lease events, newest first, optionally of one route and from `since` on."""
         where, args = _where(route=route, since=since)
         sql = f"SELECT {_EVENT_COLUMNS} FROM lease_events{where} ORDER BY at DESC, id DESC LIMIT ?"
-        rows = await self._run("listing events", _query, sql, (*args, max(limit, 0)))
+        rows = await self._query("listing events", sql, (*args, max(limit, 0)))
         return [LeaseEvent(*row) for row in rows]
 
     # -- usage -------------------------------------------------------------------------------
 
     async def record_usage(self, row: UsageRow) -> None:
         values = astuple(row)  # fields in column order, `stream` stored as 0/1
+        values = (*values[:7], int(row.stream), *values[8:])
         sql = f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES ({', '.join('?' * len(values))})"
-        await self._run("recording usage", _execute, sql, values)
+        await self._run("recording usage", _execute, self._backend.sql(sql), values)
 
     async def usage_totals(self, by: str, since: float | None = None) -> list[dict[str, Any]]:
         """Totals per route, host or model (`by`), sorted by it: requests, errors (status >= 400
@@ -162,95 +171,54 @@ class Store:
         request of the group measured one)."""
         if by not in USAGE_GROUPS:
             raise ValueError(f"usage_totals: by must be one of {USAGE_GROUPS}, not {by!r}")
-        where, args = _where(since=since)
-        # `by` is one of three column names (checked above), never client text.
-        sql = f"""
-            WITH picked AS (SELECT * FROM usage{where}),
-            totals AS (
-                SELECT {by} AS k, COUNT(*) AS requests,
-                       SUM(status >= 400 OR error != '') AS errors,
-                       SUM(prompt_tokens) AS prompt, SUM(cached_tokens) AS cached,
-                       SUM(completion_tokens) AS completion
-                FROM picked GROUP BY {by}),
-            ranked AS (
-                SELECT {by} AS k, ttfb_ms AS v,
-                       ROW_NUMBER() OVER (PARTITION BY {by} ORDER BY ttfb_ms) AS rn,
-                       COUNT(*) OVER (PARTITION BY {by}) AS n
-                FROM picked WHERE ttfb_ms IS NOT NULL),
-            pct AS (
-                -- nearest rank: the ceil(p * n)-th smallest, in integer arithmetic
-                SELECT k, MIN(CASE WHEN rn = (n + 1) / 2 THEN v END) AS p50,
-                          MIN(CASE WHEN rn = (95 * n + 99) / 100 THEN v END) AS p95
-                FROM ranked GROUP BY k)
-            SELECT t.k, requests, errors, prompt, cached, completion, p50, p95
-            FROM totals t LEFT JOIN pct ON pct.k = t.k ORDER BY t.k"""
-        rows = await self._run("summing usage", _query, sql, args)
-        names = (by, "requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
-        return [
-            {**dict(zip(names, row[:6], strict=True)), "ttfb_p50_ms": row[6], "ttfb_p95_ms": row[7]}
-            for row in rows
-        ]
+        return await self._run("summing usage", usage_totals_rows, self._backend, by, since)
 
     async def usage_series(self, since: float, bucket: float) -> list[dict[str, Any]]:
         """Per `bucket` seconds (aligned to multiples of it) and route, from `since` on:
         requests and tokens, oldest bucket first. For the dashboard's chart."""
         if bucket <= 0:
             raise ValueError(f"usage_series: bucket must be positive, not {bucket!r}")
-        sql = """
-            SELECT CAST(at / ? AS INTEGER) AS b, route, COUNT(*), SUM(prompt_tokens),
-                   SUM(cached_tokens), SUM(completion_tokens)
-            FROM usage WHERE at >= ? GROUP BY b, route ORDER BY b, route"""
-        rows = await self._run("charting usage", _query, sql, (bucket, since))
-        return [
-            {
-                "at": b * float(bucket),
-                "route": route,
-                "requests": requests,
-                "prompt_tokens": prompt,
-                "cached_tokens": cached,
-                "completion_tokens": completion,
-            }
-            for b, route, requests, prompt, cached, completion in rows
-        ]
+        return await self._run("charting usage", usage_series_rows, self._backend, since, bucket)
 
-    # -- hosts and housekeeping --------------------------------------------------------------
+    # -- hosts, instances and housekeeping ---------------------------------------------------
 
     async def set_draining(self, name: str, draining: bool) -> None:
         """Persist a host's draining flag, durably (the operator is told it is set)."""
-        sql = (
-            "INSERT INTO host_state (name, draining) VALUES (?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET draining = excluded.draining"
-        )
-        await self._run("saving host state", _write, sql, (name, int(draining)), durable=True)
+        args = (self._backend, self.instance, name, draining)
+        await self._run("saving host state", write_draining, *args, durable=True)
 
     async def list_draining(self) -> set[str]:
-        rows = await self._run(
-            "reading host state", _query, "SELECT name FROM host_state WHERE draining"
+        rows = await self._query(
+            "reading host state", "SELECT name FROM host_state WHERE draining = 1"
         )
         return {name for (name,) in rows}
 
-    async def prune(self, events_before: float, usage_before: float) -> tuple[int, int]:
-        """Delete events and usage rows older than the given times; returns (events, usage)."""
-        return await self._run("pruning", _prune, events_before, usage_before)
+    async def heartbeat(self, row: InstanceRow) -> tuple[float, list[InstanceRow]]:
+        """Say this instance is alive (its row, heartbeat set to the database's clock); the
+        database's time and every instance's row."""
+        return await self._run("heartbeat", _heartbeat, self._backend, row)
+
+    async def forget_instance(self, instance: str) -> None:
+        """This instance stops: others need not wait for its heartbeats to run out."""
+        sql = self._backend.sql("DELETE FROM instances WHERE id = ?")
+        await self._run("leaving", _write, self._backend, sql, (instance,))
+
+    async def prune(
+        self, events_before: float, usage_before: float, changes_before: float = 0.0
+    ) -> tuple[int, int]:
+        """Delete events, usage rows and change-log rows older than the given times (and
+        instances silent for a day); returns (events, usage rows) deleted."""
+        return await self._run(
+            "pruning", _prune, self._backend, events_before, usage_before, changes_before
+        )
 
 
-def _apply(txn: Transaction, rows: list[tuple], keys: list[tuple], events: list[tuple]) -> None:
-    txn.execute("BEGIN IMMEDIATE")
-    txn.executemany("DELETE FROM leases WHERE route = ? AND fp = ? AND model = ?", keys)
-    txn.executemany(
-        f"INSERT INTO leases ({_LEASE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (route, fp, model) DO UPDATE SET host = excluded.host, "
-        "state = excluded.state, created = excluded.created, last_used = excluded.last_used",
-        rows,
-    )
-    txn.executemany(
-        f"INSERT INTO lease_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", events
-    )
+# -- in the pool's thread ------------------------------------------------------------------
 
 
 def _durably(conn: Any, fn: Callable[..., T], *args: Any) -> T:
-    """Run `fn` as one transaction committed with synchronous = FULL (an fsync of the WAL),
-    then go back to NORMAL."""
+    """Run `fn` as one SQLite transaction committed with synchronous = FULL (an fsync of the
+    WAL), then go back to NORMAL. (PostgreSQL's commits are durable as they are.)"""
     conn.execute("PRAGMA synchronous = FULL")
     try:
         cursor = conn.cursor()
@@ -267,17 +235,53 @@ def _durably(conn: Any, fn: Callable[..., T], *args: Any) -> T:
         conn.execute("PRAGMA synchronous = NORMAL")
 
 
-def _touch_version(txn: Transaction) -> None:
-    txn.execute("BEGIN IMMEDIATE")
+def _begin(txn: Transaction, backend: Backend) -> None:
+    if backend.begin_write:
+        txn.execute(backend.begin_write)
+
+
+def _touch_version(txn: Transaction, backend: Backend) -> None:
+    _begin(txn, backend)
     txn.execute("UPDATE schema_version SET version = version")
 
 
-def _prune(txn: Transaction, events_before: float, usage_before: float) -> tuple[int, int]:
-    txn.execute("BEGIN IMMEDIATE")
-    txn.execute("DELETE FROM lease_events WHERE at < ?", (events_before,))
+def _heartbeat(
+    txn: Transaction, backend: Backend, row: InstanceRow
+) -> tuple[float, list[InstanceRow]]:
+    _begin(txn, backend)
+    txn.execute(f"SELECT {backend.epoch_now}")
+    (now,) = txn.fetchone()
+    txn.execute(
+        backend.sql(
+            "INSERT INTO instances (id, address, version, digest, started, heartbeat, in_flight) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, version = excluded.version, digest = excluded.digest, "
+            "heartbeat = excluded.heartbeat, in_flight = excluded.in_flight"
+        ),
+        (row.id, row.address, row.version, row.digest, row.started, now, row.in_flight),
+    )
+    txn.execute(
+        "SELECT id, address, version, digest, started, heartbeat, in_flight FROM instances "
+        "ORDER BY id"
+    )
+    return now, [InstanceRow(*r) for r in txn.fetchall()]
+
+
+def _prune(
+    txn: Transaction,
+    backend: Backend,
+    events_before: float,
+    usage_before: float,
+    changes_before: float,
+) -> tuple[int, int]:
+    _begin(txn, backend)
+    txn.execute(backend.sql("DELETE FROM lease_events WHERE at < ?"), (events_before,))
     events = txn.rowcount
-    txn.execute("DELETE FROM usage WHERE at < ?", (usage_before,))
-    return events, txn.rowcount
+    txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
+    usage = txn.rowcount
+    txn.execute(backend.sql("DELETE FROM changes WHERE at < ?"), (changes_before,))
+    txn.execute(f"DELETE FROM instances WHERE heartbeat < {backend.epoch_now} - 86400")
+    return events, usage
 
 
 def _query(txn: Transaction, sql: str, args: tuple = ()) -> list[tuple]:
@@ -289,13 +293,10 @@ def _execute(txn: Transaction, sql: str, args: tuple = ()) -> None:
     txn.execute(sql, args)
 
 
-def _write(txn: Transaction, sql: str, args: tuple = ()) -> None:
+def _write(txn: Transaction, backend: Backend, sql: str, args: tuple = ()) -> None:
     """One statement as a transaction of its own."""
-    txn.execute("BEGIN IMMEDIATE")
+    _begin(txn, backend)
     txn.execute(sql, args)
-
-
-# -- rows ----------------------------------------------------------------------------------
 
 
 def _where(route: str | None = None, since: float | None = None) -> tuple[str, tuple]:
@@ -307,12 +308,3 @@ def _where(route: str | None = None, since: float | None = None) -> tuple[str, t
         clauses.append("at >= ?")
         args.append(since)
     return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)
-
-
-def _lease_row(lease: Lease) -> tuple:
-    k = lease.key
-    return (k.route, k.fp, k.model, lease.host, lease.state.value, lease.created, lease.last_used)
-
-
-def _event_row(e: LeaseEvent) -> tuple:
-    return astuple(e)

@@ -1,5 +1,6 @@
-"""Opening crossbar's SQLite store: connection setup, the numbered schema migrations, what to
-tell an operator when it cannot be opened, and closing it (SPEC §9). The queries are store.py's.
+"""Opening crossbar's store: connection setup, the numbered schema migrations (the same steps on
+SQLite and PostgreSQL), what to tell an operator when it cannot be opened, and closing it
+(SPEC §9). The queries are store.py's.
 """
 
 from __future__ import annotations
@@ -9,54 +10,54 @@ import sqlite3
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from twisted.enterprise.adbapi import ConnectionPool
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.instance_lock import InstanceBusy, InstanceLock
+from crossbar.backends import BUSY_TIMEOUT_MS, SQLITE, Backend, backend_for, redact
 
-BUSY_TIMEOUT_MS = 5000  # another process (a backup, the sqlite3 shell) may hold a lock briefly
+_MIGRATION_LOCK = 0x63726F73  # "cros": one instance migrates a PostgreSQL store at a time
 
 
 class StoreError(Exception):
-    """The store cannot be opened, read or written; the message names the database."""
+    """The store cannot be opened, read or written; the message names the database (with any
+    password hidden)."""
 
 
-def check(path: str) -> str | None:
-    """Open and migrate the database once, synchronously, before the reactor runs (twistd's
+def check(db: str) -> str | None:
+    """Open and migrate the store once, synchronously, before the reactor runs (twistd's
     start-up): why it cannot be used, as Store.open would say it, or None."""
-    if path == ":memory:":
+    if db == ":memory:":
         return None
+    backend = backend_for(db)
     try:
-        lock = InstanceLock.take(path)
-    except InstanceBusy as e:
-        return str(e)
-    try:
-        return _check(path)
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def _check(path: str) -> str | None:
-    try:
-        conn = sqlite3.connect(path, isolation_level=None)
-    except sqlite3.Error as e:
-        return diagnose(path, e)
-    try:
-        init_connection(conn, memory=False)
-        migrate(conn)
-        conn.execute("COMMIT")
+        conn = _connect(backend, db)
     except Exception as e:
-        return diagnose(path, e)
+        return diagnose(db, e)
+    try:
+        if backend is SQLITE:
+            init_connection(conn, memory=False)
+        migrate(conn, backend)
+        conn.commit()
+    except Exception as e:
+        return diagnose(db, e)
     finally:
         conn.close()
     return None
 
 
+def _connect(backend: Backend, db: str) -> Any:
+    if backend is SQLITE:
+        return sqlite3.connect(db, isolation_level=None)
+    import psycopg
+
+    return psycopg.connect(db, connect_timeout=5, application_name="crossbar")
+
+
 def init_connection(conn: sqlite3.Connection, memory: bool) -> None:
-    """Set up each new connection (adbapi's cp_openfun)."""
+    """Set up each new SQLite connection (adbapi's cp_openfun)."""
     try:
         conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
         if not memory:
@@ -72,7 +73,7 @@ def init_connection(conn: sqlite3.Connection, memory: bool) -> None:
 
 
 def migrations() -> list[tuple[int, str]]:
-    """The schema steps shipped as package data, as (version, sql), in order."""
+    """The schema steps shipped as package data, as (version, sql with placeholders)."""
     steps = []
     for entry in resources.files("crossbar").joinpath("schema").iterdir():
         if entry.name.endswith(".sql"):
@@ -83,11 +84,17 @@ def migrations() -> list[tuple[int, str]]:
     return steps
 
 
-def migrate(conn: Any) -> int:
+def migrate(conn: Any, backend: Backend = SQLITE) -> int:
+    """Bring the schema to the latest version in one transaction (the caller commits); a
+    second instance starting at the same time waits for the first, then finds it done."""
     cur = conn.cursor()
-    cur.execute("BEGIN IMMEDIATE")
+    if backend is SQLITE:
+        cur.execute("BEGIN IMMEDIATE")
+    else:
+        cur.execute(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
     cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    row = cur.execute("SELECT version FROM schema_version").fetchone()
+    cur.execute("SELECT version FROM schema_version")
+    row = cur.fetchone()
     if row is None:
         cur.execute("INSERT INTO schema_version (version) VALUES (0)")
     version = row[0] if row else 0
@@ -96,37 +103,45 @@ def migrate(conn: Any) -> int:
     if version > latest:
         raise StoreError(
             f"its schema version is {version}, newer than this crossbar's {latest}; "
-            "run a newer crossbar or another db file"
+            "run a newer crossbar or another store"
         )
     for number, sql in steps:
         if number > version:
-            for statement in _statements(sql):
+            for statement in _statements(backend.schema(sql)):
                 cur.execute(statement)
     # This UPDATE writes even when there was nothing to migrate: a database that can be read
     # but not written (a read-only file) fails here, at start, not at the first lease.
-    cur.execute("UPDATE schema_version SET version = ?", (latest,))
+    cur.execute(backend.sql("UPDATE schema_version SET version = ?"), (latest,))
     return latest
 
 
 def _statements(sql: str) -> list[str]:
-    # executescript() would commit the open transaction first; split so that all of a
-    # migration (and the version bump) is one transaction.
+    # SQLite's executescript() would commit the open transaction first; split so that all of
+    # a migration (and the version bump) is one transaction. Comments go first: a semicolon
+    # in one must not end a statement.
+    lines = [line.split("--", 1)[0] for line in sql.splitlines()]
     statements, pending = [], ""
-    for line in sql.splitlines(keepends=True):
-        pending += line
+    for line in lines:
+        pending += line + "\n"
         if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
+            if pending.strip():
+                statements.append(pending.strip())
             pending = ""
     return statements
 
 
-def diagnose(path: str, error: Exception) -> str:
-    """Why `path` could not be opened, in words an operator can act on."""
+def diagnose(db: str, error: BaseException) -> str:
+    """Why `db` could not be opened, in words an operator can act on (no password)."""
     if isinstance(error, StoreError):
         return str(error)
     text = str(error)
-    if path != ":memory:" and not path.startswith("file:"):
-        file = Path(path).absolute()
+    if backend_for(db) is not SQLITE:
+        password = urlsplit(db).password
+        if password:
+            text = text.replace(password, "***")
+        return f"PostgreSQL says: {text.strip() or error.__class__.__name__}"
+    if db != ":memory:" and not db.startswith("file:"):
+        file = Path(db).absolute()
         if not file.parent.is_dir():
             return f"directory {file.parent} does not exist"
         if file.is_dir():
@@ -141,6 +156,11 @@ def diagnose(path: str, error: Exception) -> str:
                 "(SQLite creates its -wal and -shm files beside the database)"
             )
     return f"SQLite says: {text}"
+
+
+def describe(db: str) -> str:
+    """The store as logs and errors name it."""
+    return redact(db)
 
 
 async def shut(pool: ConnectionPool, reactor: IReactorCore) -> None:

@@ -12,12 +12,16 @@ from crossbar.journal import StoreUnavailable
 from crossbar.lease import Table
 
 log = Logger(namespace="crossbar.sweep")
+# Change-log rows older than this go: an instance that fell further behind reloads the store.
+CHANGES_RETENTION = 3600.0
 
 
 class PruningStore(Protocol):
     """What the sweep needs of the store."""
 
-    async def prune(self, events_before: float, usage_before: float) -> tuple[int, int]: ...
+    async def prune(
+        self, events_before: float, usage_before: float, changes_before: float = 0.0
+    ) -> tuple[int, int]: ...
 
 
 class Sweep:
@@ -42,7 +46,9 @@ class Sweep:
         except StoreUnavailable:
             log.info("sweep: the store cannot be written; idle leases expire once it can")
             return 0, 0, 0
-        events, usage = await self._store.prune(now - s.events_retention, now - s.usage_retention)
+        events, usage = await self._store.prune(
+            now - s.events_retention, now - s.usage_retention, now - CHANGES_RETENTION
+        )
         if expired or events or usage:
             log.info(
                 "sweep: {expired} leases expired; pruned {events} events, {usage} usage rows",

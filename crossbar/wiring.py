@@ -7,6 +7,7 @@ their sites with `make_sites`, so what is tested is what runs.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -14,12 +15,15 @@ from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgentEndpointFactory
 
+from crossbar import __version__
 from crossbar.admin import MAX_BODY, Admin
 from crossbar.chooser import Chooser
 from crossbar.config import Config
+from crossbar.follower import Follower
 from crossbar.guard import ContextGuard
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
+from crossbar.instances import Instances
 from crossbar.journal import Journal
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
@@ -47,6 +51,8 @@ class Parts:
     guard: ContextGuard
     usage: UsageRecorder
     metrics: Metrics
+    instances: Instances
+    follower: Follower
 
 
 async def build_parts(
@@ -54,18 +60,36 @@ async def build_parts(
     reactor: Any,
     store: Store | None = None,
     endpoints: IAgentEndpointFactory | None = None,
+    instance: str | None = None,
 ) -> Parts:
     """Open the store (unless given one), restore draining, leases and pins, and build every
-    part on `reactor`. `endpoints` replaces TCP to the hosts (in-memory tests)."""
+    part on `reactor`. `endpoints` replaces TCP to the hosts (in-memory tests); `instance`
+    names this crossbar among those sharing the store (a new id by default)."""
     s = config.server
+    instance = instance or uuid.uuid4().hex[:12]
     if store is None:
-        store = await Store.open(s.db, reactor)
+        store = await Store.open(s.db, reactor, instance=instance)
+    elif not store.instance:
+        store.instance = instance  # a store opened for us by a test
+    instance = store.instance
     journal = Journal(store, reactor)
     hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
     await hosts.load_draining()
-    limiter = Limiter(reactor, hosts.parallel, s.queue_max, s.queue_timeout)
+
+    def in_flight() -> int:
+        return limiter.total_in_flight()
+
+    instances = Instances(
+        store, config, instance, __version__, reactor.seconds(),
+        in_flight, on_change=lambda: limiter.resized_all(), report=journal.report,
+    )  # fmt: skip
+    limiter = Limiter(
+        reactor, lambda h, m: instances.share(hosts.parallel(h, m)), s.queue_max, s.queue_timeout
+    )
     hosts.add_listener(limiter.resized)
+    since = await store.last_change()  # before the leases: what comes after, the follower applies
     table = await Table.load(store, hosts, Chooser(limiter), s.lease_idle, journal)
+    follower = Follower(store, table, hosts, instance, since)
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)
@@ -74,8 +98,9 @@ async def build_parts(
     usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
     return Parts(
-        reactor, store, journal, hosts, limiter, table, upstream, ids, guard, usage, metrics
-    )
+        reactor, store, journal, hosts, limiter, table, upstream, ids, guard, usage, metrics,
+        instances, follower,
+    )  # fmt: skip
 
 
 class _GatedDrains:
@@ -110,7 +135,10 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     resource = ProxyResource(
         config, p.clock, p.table, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage
     )
-    api = Admin(config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, reload)
+    api = Admin(
+        config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, p.instances,
+        reload,
+    )  # fmt: skip
     proxy = ProxySite(resource, config, reactor=p.clock)
     admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)
     return Sites(proxy, admin, resource, api)

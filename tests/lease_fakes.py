@@ -12,6 +12,7 @@ from twisted.python.failure import Failure
 
 from crossbar.chooser import Chooser
 from crossbar.lease import Key, Lease, Table
+from crossbar.lease_types import Change, Written
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store import Store, StoreError
 
@@ -37,6 +38,7 @@ class MemoryStore:
 
     rows: dict[Key, Lease] = field(factory=dict)
     events: list[LeaseEvent] = field(factory=list)
+    instance: str = ""
     draining: set[str] = field(factory=set)
     usage: list[UsageRow] = field(factory=list)
     fail: bool = False  # every write raises while set
@@ -56,7 +58,9 @@ class MemoryStore:
             raise StoreError("injected write failure")
         self.usage.append(row)
 
-    async def prune(self, events_before: float, usage_before: float) -> tuple[int, int]:
+    async def prune(
+        self, events_before: float, usage_before: float, changes_before: float = 0.0
+    ) -> tuple[int, int]:
         events = [e for e in self.events if e.at >= events_before]
         usage = [u for u in self.usage if u.at >= usage_before]
         pruned = (len(self.events) - len(events), len(self.usage) - len(usage))
@@ -73,6 +77,28 @@ class MemoryStore:
     async def list_leases(self) -> list[Lease]:
         return [evolve(lease) for lease in self.rows.values()]
 
+    async def write(self, change: Change, durable: bool = False) -> Written:
+        """What crossbar.store.Store.write does, in memory (no change log: one instance)."""
+        if self.fail:
+            raise StoreError("injected write failure")
+        if change.expect is not None:
+            key, had = change.expect
+            current = self.rows.get(key)
+            if (current.host if current is not None else "") != had:
+                return Written(applied=False, current=evolve(current) if current else None)
+        self.durable.append(durable)
+        kept = set()
+        for key in change.delete:
+            row = self.rows.get(key)
+            if change.idle_before is not None and row and row.last_used >= change.idle_before:
+                kept.add(key)
+            else:
+                self.rows.pop(key, None)
+        for lease in change.save:
+            self.rows[lease.key] = evolve(lease)
+        self.events.extend(e for e in change.events if Key(e.route, e.fp, e.model) not in kept)
+        return Written(kept=frozenset(kept))
+
     async def apply(
         self,
         save: Iterable[Lease] = (),
@@ -80,14 +106,21 @@ class MemoryStore:
         events: Iterable[LeaseEvent] = (),
         durable: bool = False,
     ) -> None:
-        if self.fail:
-            raise StoreError("injected write failure")
-        self.durable.append(durable)
-        for key in delete:
-            self.rows.pop(key, None)
-        for lease in save:
-            self.rows[lease.key] = evolve(lease)
-        self.events.extend(events)
+        await self.write(Change(list(save), list(delete), list(events)), durable)
+
+    # The change log and heartbeats of a store nobody else shares.
+
+    async def last_change(self) -> int:
+        return 0
+
+    async def changes_since(self, after: int, limit: int = 1000) -> list:
+        return []
+
+    async def heartbeat(self, row: Any) -> tuple[float, list]:
+        return row.heartbeat, [row]
+
+    async def forget_instance(self, instance: str) -> None:
+        pass
 
 
 @define
@@ -102,12 +135,12 @@ class FailingStore:
     async def list_leases(self) -> list[Lease]:
         return await self.inner.list_leases()
 
-    async def apply(self, save=(), delete=(), events=(), durable=False) -> None:
+    async def write(self, change: Change, durable: bool = False) -> Written:
         self.tries += 1
         if self.fail:
             raise StoreError("injected write failure")
         self.writes += 1
-        await self.inner.apply(save=save, delete=delete, events=events, durable=durable)
+        return await self.inner.write(change, durable)
 
     async def ping(self) -> None:
         self.tries += 1
@@ -127,13 +160,13 @@ class HeldStore:
     async def list_leases(self) -> list[Lease]:
         return await self.inner.list_leases()
 
-    async def apply(self, save=(), delete=(), events=(), durable=False) -> None:
-        change = (list(save), list(delete), list(events))
-        if self.hold(*change):
+    async def write(self, change: Change, durable: bool = False) -> Written:
+        parts = (list(change.save), list(change.delete), list(change.events))
+        if self.hold(*parts):
             gate: Deferred[None] = Deferred()
-            self.held.append((gate, change))
+            self.held.append((gate, parts))
             await gate
-        await self.inner.apply(*change, durable=durable)
+        return await self.inner.write(change, durable)
 
     async def ping(self) -> None:
         await self.inner.ping()

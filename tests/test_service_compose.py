@@ -39,11 +39,12 @@ def test_the_proxy_port_opens_only_after_the_first_probe_round():
     reactor.advance(2)  # ...until health_timeout ends the round.
     assert service.ready.called
     assert listening(reactor) == [(8080, "127.0.0.1"), (8081, "127.0.0.1")]
-    assert [s.name for s in service] == ["probes", "sweep", "proxy", "admin"]
+    timers = ["probes", "sweep", "follow", "heartbeat"]
+    assert [s.name for s in service] == [*timers, "proxy", "admin"]
     kinds = [type(s) for s in service]
-    assert kinds[2:] == [StreamServerEndpointService] * 2
-    assert all(issubclass(k, TimerService) for k in kinds[:2])
-    assert [service.getServiceNamed(n).step for n in ("probes", "sweep")] == [5.0, 30.0]
+    assert kinds[4:] == [StreamServerEndpointService] * 2
+    assert all(issubclass(k, TimerService) for k in kinds[:4])
+    assert [service.getServiceNamed(n).step for n in timers] == [5.0, 30.0, 0.25, 5.0]
     service.stopService()
     reactor.advance(0)
     assert store.closed

@@ -1,4 +1,5 @@
-"""The SQLite store: schema migrations, leases and events, usage totals, pruning, clear errors."""
+"""The store, on SQLite and on PostgreSQL alike: schema migrations, leases and events, usage
+totals, pruning, clear errors; and what SQLite alone does (files, pragmas)."""
 
 import os
 import shutil
@@ -12,7 +13,8 @@ from lease_fakes import open_store
 
 from crossbar.lease import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import StoreError, check, migrations
+from crossbar.store import StoreError
+from crossbar.store_setup import migrations
 
 
 def lease(route="r", fp="f", model="m", host="a", at=1.0, state=State.ACTIVE) -> Lease:
@@ -44,9 +46,9 @@ async def test_a_new_file_gets_every_migration_and_wal(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_connection_settings(store):
-    assert await store._pool.runQuery("PRAGMA busy_timeout") == [(5000,)]
-    assert await store._pool.runQuery("PRAGMA synchronous") == [(1,)]  # NORMAL
+async def test_sqlite_connection_settings(sqlite_store):
+    assert await sqlite_store._pool.runQuery("PRAGMA busy_timeout") == [(5000,)]
+    assert await sqlite_store._pool.runQuery("PRAGMA synchronous") == [(1,)]  # NORMAL
 
 
 def test_migrations_are_numbered_from_one():
@@ -85,7 +87,7 @@ async def test_a_database_from_a_newer_crossbar_is_refused(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_memory_database_lives_across_calls(store):
+async def test_leases_are_saved_replaced_and_deleted(store):
     await store.apply(save=[lease()])
     await store.apply(save=[lease(host="b")])  # same key: replaced
     assert await store.list_leases() == [lease(host="b")]
@@ -295,32 +297,16 @@ async def test_a_read_only_directory_is_named(tmp_path):
 
 
 @pytest_twisted.ensureDeferred
-async def test_durable_writes_are_committed_with_synchronous_full_and_the_rest_are_not(store):
+async def test_durable_writes_are_committed_with_synchronous_full_and_the_rest_are_not(
+    sqlite_store,
+):
+    store = sqlite_store
     statements = []
     await store._pool.runWithConnection(lambda conn: conn.set_trace_callback(statements.append))
     await store.apply(save=[lease(fp="pin")], durable=True)
     await store.set_draining("a", True)
     await store.apply(save=[lease(fp="plain")])
     await store._pool.runWithConnection(lambda conn: conn.set_trace_callback(None))
-    marks = [
-        s.split()[0] if not s.startswith("PRAGMA") else s
-        for s in statements
-        if s.startswith(("PRAGMA synchronous", "INSERT", "COMMIT"))
-    ]
-    durable = ["PRAGMA synchronous = FULL", "INSERT", "COMMIT", "PRAGMA synchronous = NORMAL"]
-    assert marks == [*durable, *durable, "INSERT", "COMMIT"]
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_second_crossbar_on_the_same_store_file_is_refused_while_the_first_runs(tmp_path):
-    path = str(tmp_path / "c.db")
-    first = await open_store(path)
-    try:
-        with pytest.raises(StoreError, match=r"in use by another crossbar \(pid \d+\)"):
-            await open_store(path)
-        assert "in use by another crossbar" in check(path)  # what twistd says at start
-    finally:
-        await first.close()
-    second = await open_store(path)  # the lock goes with the first one
-    await second.close()
-    assert check(path) is None
+    marks = [s for s in statements if s.startswith(("PRAGMA synchronous", "COMMIT"))]
+    durable = ["PRAGMA synchronous = FULL", "COMMIT", "PRAGMA synchronous = NORMAL"]
+    assert marks == [*durable, *durable, "COMMIT"]

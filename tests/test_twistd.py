@@ -11,7 +11,6 @@ import pytest_twisted
 import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
-from twisted.internet.threads import deferToThread
 
 from crossbar.demo.launch import free_ports
 from tests.harness import MODEL, start_fakes, wait
@@ -119,29 +118,59 @@ async def test_twistd_serves_reloads_on_sighup_and_stops_gracefully_on_sigterm(t
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_second_twistd_on_the_same_db_refuses_to_start_and_says_why(tmp_path):
-    fakes = await start_fakes("titan")
-    port, admin, port2, admin2 = free_ports(4)
+async def test_two_twistd_processes_on_one_store_are_one_crossbar(tmp_path):
+    # The first instance makes a conversation's lease and a pin; the second, a separate
+    # process with its own config file on the same SQLite file, sees both within a second.
+    fakes = await start_fakes("titan", "atlas")
+    ports = free_ports(4)
     db = tmp_path / "c.db"
-    first_config, second_config = tmp_path / "a.toml", tmp_path / "b.toml"
-    first_config.write_text(config_text(port, admin, db, fakes["titan"].url, ["convo"]))
-    second_config.write_text(config_text(port2, admin2, db, fakes["titan"].url, ["convo"]))
-    first = spawn_twistd(first_config, tmp_path / "a.log")
-    try:
-        await until_status(f"http://127.0.0.1:{port}/r/convo/health", 200)
-        second = await deferToThread(
-            subprocess.run,
-            [TWISTD, "-n", "--pidfile=", "crossbar", "-c", str(second_config)],
-            cwd=tmp_path,
-            capture_output=True,
-            text=True,
-            timeout=60,
+    hosts = [f'[hosts.{n}]\nurl = "{f.url}"\nmodels = ["{MODEL}"]\n' for n, f in fakes.items()]
+    processes = []
+    for i in (0, 1):
+        config = tmp_path / f"{i}.toml"
+        config.write_text(
+            f'[server]\nlisten = "tcp:{ports[2 * i]}:interface=127.0.0.1"\n'
+            f'admin_listen = "tcp:{ports[2 * i + 1]}:interface=127.0.0.1"\ndb = "{db}"\n'
+            + "".join(hosts)
+            + '[routes.convo]\nhosts = ["titan", "atlas"]\n[routes.other]\nhosts = ["titan", "atlas"]\n'
         )
-        assert second.returncode != 0
-        assert f"in use by another crossbar (pid {first.pid})" in second.stderr
-        assert "Traceback" not in second.stderr
-        assert await status(f"http://127.0.0.1:{port}/r/convo/health") == 200  # undisturbed
+        processes.append(spawn_twistd(config, tmp_path / f"{i}.log"))
+    proxy = [f"http://127.0.0.1:{ports[0]}/r", f"http://127.0.0.1:{ports[2]}/r"]
+    admin = [f"http://127.0.0.1:{ports[1]}", f"http://127.0.0.1:{ports[3]}"]
+    try:
+        for base in proxy:
+            await until_status(f"{base}/convo/health", 200)
+        body = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        homes = []
+        for base in proxy:  # the same conversation through each instance
+            response = await treq.post(
+                f"{base}/convo/v1/chat/completions", json=body, persistent=False
+            )
+            await response.content()
+            assert response.code == 200
+            homes.append(response.headers.getRawHeaders("X-Crossbar-Host")[0])
+        assert homes[0] == homes[1]  # one conversation, one host
+        pin = await treq.put(f"{admin[0]}/api/routes/other/pin", json={"host": "atlas"})
+        await pin.content()
+        assert pin.code == 200
+
+        async def pinned_on_second() -> bool:
+            response = await treq.get(f"{admin[1]}/api/routes", persistent=False)
+            routes = json.loads(await response.content())["routes"]
+            return any(r["name"] == "other" and r["pinned"] == "atlas" for r in routes)
+
+        for _ in range(20):  # 0.1 s apart: visible within two seconds at the very most
+            if await pinned_on_second():
+                break
+            await deferLater(reactor, 0.1, lambda: None)
+        assert await pinned_on_second()
+        response = await treq.get(f"{admin[1]}/api/instances", persistent=False)
+        instances = json.loads(await response.content())["instances"]
+        assert len([i for i in instances if i["alive"]]) == 2
     finally:
-        first.send_signal(signal.SIGTERM)
-        await exited(first)
-        await fakes["titan"].stop()
+        for process in processes:
+            process.send_signal(signal.SIGTERM)
+        for process in processes:
+            await exited(process)
+        for fake in fakes.values():
+            await fake.stop()

@@ -1,6 +1,8 @@
 -- crossbar's first schema: leases and pins, lease events, usage rows, operator host state.
--- Applied once by crossbar.store (which keeps the version in schema_version); later changes
--- are new numbered files, never edits of this one.
+-- Applied once by crossbar.store_setup (which keeps the version in schema_version); later
+-- changes are new numbered files, never edits of this one. The words in braces are filled in
+-- per database (crossbar.backends); for SQLite they read as they always have: INTEGER
+-- PRIMARY KEY, REAL and WITHOUT ROWID.
 
 CREATE TABLE leases (
     route     TEXT NOT NULL,
@@ -8,14 +10,14 @@ CREATE TABLE leases (
     model     TEXT NOT NULL,            -- "" only for a pin row
     host      TEXT NOT NULL,
     state     TEXT NOT NULL CHECK (state IN ('active', 'pinned')),
-    created   REAL NOT NULL,            -- seconds since the epoch
-    last_used REAL NOT NULL,
+    created   {time} NOT NULL,          -- seconds since the epoch
+    last_used {time} NOT NULL,
     PRIMARY KEY (route, fp, model)
-) WITHOUT ROWID;
+) {without_rowid};
 
 CREATE TABLE lease_events (
-    id        INTEGER PRIMARY KEY,      -- insertion order breaks ties between equal times
-    at        REAL NOT NULL,
+    id        {id},                     -- insertion order breaks ties between equal times
+    at        {time} NOT NULL,
     route     TEXT NOT NULL,
     fp        TEXT NOT NULL,
     model     TEXT NOT NULL,
@@ -27,8 +29,8 @@ CREATE INDEX lease_events_at ON lease_events (at);
 CREATE INDEX lease_events_route_at ON lease_events (route, at);
 
 CREATE TABLE usage (
-    id                INTEGER PRIMARY KEY,
-    at                REAL NOT NULL,
+    id                {id},
+    at                {time} NOT NULL,
     route             TEXT NOT NULL,
     fp                TEXT NOT NULL,
     model             TEXT NOT NULL,
@@ -39,9 +41,9 @@ CREATE TABLE usage (
     prompt_tokens     INTEGER NOT NULL DEFAULT 0,
     cached_tokens     INTEGER NOT NULL DEFAULT 0,
     completion_tokens INTEGER NOT NULL DEFAULT 0,
-    queue_ms          REAL,             -- NULL: not measured (e.g. never queued)
-    ttfb_ms           REAL,
-    duration_ms       REAL,
+    queue_ms          {time},           -- NULL: not measured (e.g. never queued)
+    ttfb_ms           {time},
+    duration_ms       {time},
     lease             TEXT NOT NULL DEFAULT '',
     error             TEXT NOT NULL DEFAULT ''
 );
@@ -50,4 +52,4 @@ CREATE INDEX usage_at ON usage (at);
 CREATE TABLE host_state (
     name     TEXT PRIMARY KEY,
     draining INTEGER NOT NULL DEFAULT 0
-) WITHOUT ROWID;
+) {without_rowid};

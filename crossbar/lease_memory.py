@@ -1,0 +1,120 @@
+"""The lease table's memory: leases and pins as this instance knows them, read in O(1), and
+brought up to date with what other instances sharing the store wrote.
+
+`Table` (lease.py) makes the changes and writes them; this holds their result. A change read
+from the change log is applied unless this instance wrote the same key since (its own write is
+newer): each of our writes is remembered by its change number until the log has been read past
+it.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+
+from attrs import evolve
+
+from crossbar.lease_index import LeaseIndex
+from crossbar.lease_types import Change, Key, Lease, State, pin_key
+
+
+class LeaseMemory:
+    """Leases by key with their indexes, pins by route, and the routes' candidate hosts."""
+
+    def __init__(self) -> None:
+        self._index = LeaseIndex()
+        self._saved_use: dict[Key, float] = {}  # last_used as last written
+        self._pins: dict[str, Lease] = {}
+        self._seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
+        self._own: dict[Key, int] = {}  # keys we wrote, by change number, until the log passes
+        self._own_order: deque[tuple[int, Key]] = deque()
+
+    def __len__(self) -> int:
+        """Leases held (pins excluded)."""
+        return len(self._index)
+
+    def pinned(self, route: str) -> str | None:
+        pin = self._pins.get(route)
+        return pin.host if pin else None
+
+    def pins(self) -> dict[str, str]:
+        """route -> pinned host."""
+        return {route: pin.host for route, pin in self._pins.items()}
+
+    def snapshot(self, route: str | None = None) -> list[Lease]:
+        """Copies of the leases (of `route`, or all), sorted by route, fp, model; pins excluded."""
+        leases = self._index.of_route(route) if route is not None else self._index.all()
+        return sorted(
+            (evolve(lease) for lease in leases),
+            key=lambda lease: (lease.key.route, lease.key.fp, lease.key.model),
+        )
+
+    def count(self, host: str, model: str) -> int:
+        """Leases of every route held on `host` for `model` (O(1))."""
+        return self._index.count(host, model)
+
+    def hosts_with_lease(self, routes: Iterable[str], model: str) -> set[str]:
+        """Hosts where any of `routes` holds a lease for `model` (the chooser's peers rule)."""
+        return self._index.hosts_with_lease(routes, model)
+
+    def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
+        """The config names these hosts for `route`: a pin to one of them is allowed even
+        before any request of the route was seen."""
+        self._seen.setdefault(route, set()).update(hosts)
+
+    def _mark_own(self, change: Change, change_id: int) -> None:
+        """Our own write numbered `change_id`: an older row of another instance for the same
+        keys, read later from the change log, must not undo it."""
+        if not change_id:
+            return
+        for key in [*change.delete, *(x.key for x in change.save)]:
+            self._own[key] = change_id
+            self._own_order.append((change_id, key))
+
+    def apply_remote(self, lease: Lease | None, key: Key, change_id: int) -> None:
+        """Another instance wrote `key` (`lease`, or None: deleted) as change `change_id`."""
+        if self._own.get(key, 0) > change_id:
+            return  # we wrote the key since: ours is newer
+        self._take(key, lease, change_id)
+
+    def caught_up(self, change_id: int) -> None:
+        """The change log has been read up to `change_id`: our own writes up to there need no
+        more guarding."""
+        order = self._own_order
+        while order and order[0][0] <= change_id:
+            number, key = order.popleft()
+            if self._own.get(key) == number:
+                del self._own[key]
+
+    def replace_all(self, leases: Iterable[Lease]) -> None:
+        """Forget everything and hold `leases` (the store's rows) instead."""
+        self._index = LeaseIndex()
+        self._saved_use.clear()
+        self._pins.clear()
+        self._own.clear()
+        self._own_order.clear()
+        for lease in leases:
+            self._remember(lease)
+            self._seen.setdefault(lease.key.route, set()).add(lease.host)
+
+    def _take(self, key: Key, lease: Lease | None, change_id: int) -> None:
+        if lease is None:
+            self._forget(key)
+        else:
+            self._remember(lease)
+
+    def _remember(self, lease: Lease, copy: bool = True) -> None:
+        if copy:
+            lease = evolve(lease)  # never share an object with the caller or the store
+        key = lease.key
+        if key.fp == "" and key.model == "" and lease.state is State.PINNED:
+            self._pins[key.route] = lease
+        else:
+            self._index.put(lease)
+            self._saved_use[key] = lease.last_used
+
+    def _forget(self, key: Key) -> None:
+        if key == pin_key(key.route):
+            self._pins.pop(key.route, None)
+        self._index.drop(key)
+        self._saved_use.pop(key, None)
