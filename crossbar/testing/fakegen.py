@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -305,5 +306,14 @@ async def _run(fake: FakeLlama, request: Request, job: Job) -> None:
                 completion_tokens=len(pieces),
                 text="".join(pieces),
                 outcome=outcome,
+                opening=_opening(job.messages),
             )
         )
+
+
+def _opening(messages: list[dict[str, Any]] | None) -> str:
+    for message in messages or []:
+        if message.get("role") == "user":
+            content = message.get("content")
+            return content if isinstance(content, str) else json.dumps(content)
+    return ""

@@ -120,6 +120,7 @@ class Completion:
     completion_tokens: int
     text: str
     outcome: str  # "done", "aborted" (client left), "dropped" (the fake cut it)
+    opening: str = ""  # a chat's first user message: which conversation it was
 
 
 @define
