@@ -60,7 +60,7 @@ async def build_parts(
         store = await Store.open(s.db, reactor)
     hosts = Hosts(config, reactor, store=store)
     await hosts.load_draining()
-    limiter = Limiter(reactor, hosts.parallel, s.queue_max, s.queue_timeout)
+    limiter = Limiter(reactor, hosts.parallel, s.queue_max, s.queue_timeout, config)
     hosts.add_listener(limiter.resized)
     table = await Table.load(store, hosts, Chooser(limiter), s.lease_idle)
     guard = ContextGuard()
