@@ -137,9 +137,9 @@ class Admin:
     @app.route("/api/routes", methods=["GET"])
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
-        """GET /api/routes: configured and seen routes, pins, lease counts."""
+        """GET /api/routes: configured and seen routes, pins, lease counts, queue shares."""
         usage = await self._store.usage_totals("route")
-        return {"routes": route_rows(self.config, self._table, usage)}
+        return {"routes": route_rows(self.config, self._table, usage, self._limiter)}
 
     @app.route("/api/routes/<route>/leases", methods=["DELETE"])
     @api
