@@ -8,6 +8,7 @@ from crossbar.config import parse_config
 from crossbar.metrics import UNKNOWN, route_label
 from tests.admin_harness import conversation, start_service, write_config
 from tests.harness import MODEL, host_table, start_fakes, until, wait
+from tests.test_ctl import ctl
 from tests.test_metrics import scrape
 
 ROUTES = {
@@ -35,14 +36,20 @@ async def crossbar(tmp_path):
     await running.stop()
 
 
-@pytest_twisted.ensureDeferred
-async def test_routes_hosts_and_metrics_show_each_routes_share_while_it_waits(crossbar):
+async def batch_holds_the_slot_and_two_wait(crossbar):
+    """The only slot held as a batch request would hold it (its release returned), and a batch
+    and a project request waiting behind it (their Deferreds)."""
     limiter, config = crossbar.parts.limiter, crossbar.service.config
-    # The only slot, held as a batch request would hold it.
     release = await wait(limiter.acquire("titan", MODEL, config.route("batch").limits))
     batch = ensureDeferred(crossbar.chat("batch", conversation("b")))
     project = ensureDeferred(crossbar.chat("proj-alpha", conversation("p")))
     await until(lambda: limiter.queued("titan", MODEL) == 2)
+    return release, batch, project
+
+
+@pytest_twisted.ensureDeferred
+async def test_routes_hosts_and_metrics_show_each_routes_share_while_it_waits(crossbar):
+    release, batch, project = await batch_holds_the_slot_and_two_wait(crossbar)
 
     routes = {r["name"]: r for r in (await crossbar.get("/api/routes"))["routes"]}
     keys = ("priority", "weight", "max_in_flight", "max_queued", "in_flight", "queued")
@@ -84,6 +91,27 @@ async def test_routes_hosts_and_metrics_show_each_routes_share_while_it_waits(cr
         f'crossbar_queue_wait_seconds_count{{{pair},route="template:projects"}}': 1,
     }
     assert not any("proj-alpha" in key for key in samples if "queue" in key)
+
+
+@pytest_twisted.ensureDeferred
+async def test_ctl_routes_and_hosts_show_the_shares_and_who_waits(crossbar):
+    release, batch, project = await batch_holds_the_slot_and_two_wait(crossbar)
+    code, out, err = await ctl(crossbar, "routes")
+    assert (code, err) == (0, "")
+    header, *lines = out.splitlines()
+    assert header.split()[6:] == [
+        "PRIORITY", "WEIGHT", "MAX_IN_FLIGHT", "MAX_QUEUED", "IN_FLIGHT", "QUEUED",
+    ]  # fmt: skip
+    rows = {line.split()[0]: line.split()[-6:] for line in lines}
+    assert rows["batch"] == ["0", "2", "1", "5", "1", "1"]
+    assert rows["agent"] == ["1", "shared", "-", "64", "0", "0"]
+    assert rows["proj-alpha"] == ["-1", "shared", "-", "64", "0", "1"]
+    code, out, _ = await ctl(crossbar, "hosts")
+    header, line = out.splitlines()
+    assert line.split()[header.split().index("WAITING")] == "batch=1,proj-alpha=1"
+    release()
+    await wait(batch)
+    await wait(project)
 
 
 def test_queue_metrics_label_routes_by_name_and_fold_template_routes_and_strangers():
