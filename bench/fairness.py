@@ -16,8 +16,9 @@ slots; `--agents` workers (default 4) act like interactive agents, each sending 
 thinking for an exponentially distributed time (mean `--think` seconds, seeded) before the next.
 Every request is its own conversation's next turn and asks for `--tokens` tokens. After a
 discarded warm-up, for `--duration` seconds, the queue wait crossbar reports for each request
-(`X-Crossbar-Queue-Ms`) is collected per route; printed: requests, requests/s, and p50, p95 and
-max queue wait per route and scenario.
+(`X-Crossbar-Queue-Ms`) is collected per route (for the requests sent and answered inside the
+window); printed per route and scenario: requests, requests/s, p50, p95 and max queue wait, and
+the requests still open when the window closed (a starved route's are all there).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ class Route:
     scenario: str
     route: str
     requests: int = 0
+    open_at_end: int = 0  # sent, and not yet answered when the measured window closed
     errors: int = 0
     rps: float = 0.0
     wait_p50_ms: float = 0.0
@@ -124,10 +126,18 @@ async def run_scenario(reactor: Any, name: str, url: str, args: argparse.Namespa
     begin = reactor.seconds()
     measure_from, end = begin + args.warmup, begin + args.warmup + args.duration
     rng = random.Random(args.seed)
+    running = dict.fromkeys(results, 0)
+
+    def close_window() -> None:
+        for route, n in running.items():
+            results[route].open_at_end = n
+
+    reactor.callLater(end - begin, close_window)
 
     async def one(route: str, who: str, turn: int) -> None:
         result = results[route]
         started = reactor.seconds()
+        running[route] += 1
         try:
             response = await http.post(
                 f"{url}/r/{route}/v1/chat/completions",
@@ -142,6 +152,8 @@ async def run_scenario(reactor: Any, name: str, url: str, args: argparse.Namespa
             result.errors += 1
             result.first_error = result.first_error or f"{type(e).__name__}: {e}"
             return
+        finally:
+            running[route] -= 1
         if started >= measure_from and reactor.seconds() <= end:
             result.waits.append(waited)
 
@@ -193,15 +205,18 @@ def report(rows: list[Route], args: argparse.Namespace) -> None:
         return
     head = (
         f"{'scenario':<10}{'route':<13}{'requests':>9}{'req/s':>8}"
-        f"{'wait p50 ms':>13}{'wait p95 ms':>13}{'wait max ms':>13}{'errors':>8}"
+        f"{'wait p50 ms':>13}{'wait p95 ms':>13}{'wait max ms':>13}{'open at end':>13}"
+        f"{'errors':>8}"
     )
     print()
     print(head)
     print("-" * len(head))
     for r in rows:
+        waits = [r.wait_p50_ms, r.wait_p95_ms, r.wait_max_ms]
+        cells = "".join(f"{w:>13.0f}" if r.requests else f"{'-':>13}" for w in waits)
         print(
-            f"{r.scenario:<10}{r.route:<13}{r.requests:>9}{r.rps:>8.1f}"
-            f"{r.wait_p50_ms:>13.0f}{r.wait_p95_ms:>13.0f}{r.wait_max_ms:>13.0f}{r.errors:>8}"
+            f"{r.scenario:<10}{r.route:<13}{r.requests:>9}{r.rps:>8.1f}{cells}"
+            f"{r.open_at_end:>13}{r.errors:>8}"
         )
     for r in rows:
         if r.first_error:
