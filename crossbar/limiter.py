@@ -195,13 +195,11 @@ class Limiter:
     def route(self, name: str) -> RouteState | None:
         """The route's limits and counts over every (host, model); None while it is idle."""
         state = self._routes.get(name)
-        if state is None:
-            return None
-        return RouteState(state.limits, state.in_flight, state.tracked, sum(state.waiting.values()))
+        return None if state is None else self._route_state(state)
 
     def routes(self) -> dict[str, RouteState]:
         """Every route with requests in flight or waiting, by name."""
-        return {name: self.route(name) for name in sorted(self._routes)}  # type: ignore[misc]
+        return {name: self._route_state(self._routes[name]) for name in sorted(self._routes)}
 
     def snapshot(self) -> list[SlotState]:
         """Every (host, model) seen so far, sorted by host then model."""
@@ -235,6 +233,10 @@ class Limiter:
         if slots is None:
             slots = self._slots[key] = SlotEntry(FairQueue(self._route_limits))
         return slots
+
+    @staticmethod
+    def _route_state(state: RouteEntry) -> RouteState:
+        return RouteState(state.limits, state.in_flight, state.tracked, sum(state.waiting.values()))
 
     def _route_limits(self, name: str) -> RouteLimits:
         # Every queued waiter's route has an entry: a route with waiters is never idle.

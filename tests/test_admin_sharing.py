@@ -127,3 +127,31 @@ def test_queue_metrics_label_routes_by_name_and_fold_template_routes_and_strange
     assert route_label(config, "proj-alpha") == "template:projects"
     assert route_label(config, "scanner") == UNKNOWN
     assert route_label(config, "") == UNKNOWN
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reload_places_waiting_requests_by_their_routes_new_priority(crossbar):
+    rows = []
+    crossbar.parts.usage.observers.append(rows.append)
+    release, batch, project = await batch_holds_the_slot_and_two_wait(crossbar)
+    agent = ensureDeferred(crossbar.chat("agent", conversation("a")))
+    limiter = crossbar.parts.limiter
+    await until(lambda: limiter.queued("titan", MODEL) == 3)
+    # Before the reload the order would be agent (1), batch (0), the project route (-1).
+    raised = {"projects": {**TEMPLATES["projects"], "priority": 2}}
+    write_config(
+        crossbar.path,
+        crossbar.fakes,
+        ROUTES,
+        templates=raised,
+        hosts=host_table(crossbar.fakes, parallel=1),
+    )
+    code, body, _ = await crossbar.call("POST", "/api/reload")
+    assert code == 200, body
+    routes = {r["name"]: r for r in (await crossbar.get("/api/routes"))["routes"]}
+    assert routes["proj-alpha"]["priority"] == 2 and routes["proj-alpha"]["queued"] == 1
+
+    release()
+    for d in (batch, project, agent):
+        await wait(d)
+    assert [row.route for row in rows] == ["proj-alpha", "agent", "batch"]
