@@ -28,17 +28,20 @@ from crossbar.admin_views import (
     usage_series_args,
 )
 from crossbar.config import Config, ConfigError
-from crossbar.errors import ClientError, bad_request, not_found
+from crossbar.errors import ClientError, bad_request, not_found, unavailable
 from crossbar.hosts import Hosts, NoSuchHost
 from crossbar.inbound import json_object
+from crossbar.journal import StoreUnavailable
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
 from crossbar.metrics import CONTENT_TYPE_LATEST, Metrics
-from crossbar.store import USAGE_GROUPS, Store
+from crossbar.store import USAGE_GROUPS, Store, StoreError
+from crossbar.usage import UsageRecorder
 
 log = Logger(namespace="crossbar.admin")
 MAX_BODY = 64 * 1024  # admin requests are small JSON objects
 MAX_EVENTS = 1000
+MAX_ROUTES = 1000
 _INTERNAL = ClientError(500, "api_error", "the admin API failed on this request; see the log")
 
 Handler = Callable[..., Awaitable[Any]]
@@ -77,6 +80,18 @@ def _arg(request: Any, name: str) -> str | None:
     return values[0].decode("utf-8", "replace") or None if values else None
 
 
+def _limit(request: Any, most: int, default: int) -> int:
+    """The `limit` query argument: a whole number from 1 to `most`, or a 400."""
+    text = _arg(request, "limit") or str(default)
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if not 0 < limit <= most:
+        raise bad_request(f"limit: give a whole number from 1 to {most}, not {text!r}")
+    return limit
+
+
 def _body(request: Any) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 saying what is wrong with it."""
     raw = request.content.read() if request.content is not None else b""
@@ -97,6 +112,7 @@ class Admin:
         limiter: Limiter,
         store: Store,
         metrics: Metrics,
+        usage: UsageRecorder,
         reload: Reload,
     ) -> None:
         self.config = config
@@ -106,7 +122,9 @@ class Admin:
         self._limiter = limiter
         self._store = store
         self._metrics = metrics
+        self._usage = usage
         self._reload = reload
+        self._started = clock.seconds()
 
     def reconfigure(self, config: Config) -> None:
         """The reloaded config: its token, routes and hosts from the next request on."""
@@ -138,8 +156,10 @@ class Admin:
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
         """GET /api/routes: configured and seen routes, pins, lease counts, queue shares."""
+        limit = _limit(request, MAX_ROUTES, default=100)
         usage = await self._store.usage_totals("route")
-        return {"routes": route_rows(self.config, self._table, usage, self._limiter)}
+        rows = route_rows(self.config, self._table, usage, self._limiter)
+        return {"routes": rows[:limit], "total": len(rows)}
 
     @app.route("/api/routes/<route>/leases", methods=["DELETE"])
     @api
@@ -225,13 +245,7 @@ class Admin:
     async def events(self, request: Any) -> dict[str, Any]:
         """GET /api/events?route=&since=&limit=: lease events, newest first."""
         since = since_arg(_arg(request, "since"), self.now())
-        text = _arg(request, "limit") or "100"
-        try:
-            limit = int(text)
-        except ValueError:
-            limit = -1
-        if not 0 < limit <= MAX_EVENTS:
-            raise bad_request(f"limit: give a whole number from 1 to {MAX_EVENTS}, not {text!r}")
+        limit = _limit(request, MAX_EVENTS, default=100)
         found = await self._store.list_events(
             route=_arg(request, "route"), since=since, limit=limit
         )
@@ -262,6 +276,23 @@ class Admin:
         return {"since": since, "bucket": bucket, "now": self.now(), "series": series}
 
     # -- the service
+
+    @app.route("/api/status", methods=["GET"])
+    @api
+    async def status(self, request: Any) -> dict[str, Any]:
+        """GET /api/status: is the store written (or is crossbar routing from memory)."""
+        store = self._table.journal.status()
+        store["unsaved_usage_rows"] = len(self._usage.unsaved)
+        store["dropped_usage_rows"] = self._usage.dropped
+        healthy = sum(1 for h in self._hosts.names() if self._hosts.healthy(h))
+        return {
+            "status": "degraded" if store["degraded"] else "ok",
+            "store": store,
+            "hosts": {"configured": len(self._hosts.names()), "healthy": healthy},
+            "leases": len(self._table),
+            "started": self._started,
+            "uptime": self.now() - self._started,
+        }
 
     @app.route("/api/reload", methods=["POST"])
     @api
@@ -313,6 +344,18 @@ class Admin:
         ).payload()
         body["error"]["errors"] = errors
         return _json(request, 400, body)
+
+    @app.handle_errors(StoreUnavailable)
+    def _store_unavailable(self, request: Any, failure: Any) -> bytes:
+        next_try = self._table.journal.status()["next_try_in"]
+        error = unavailable(str(failure.value), retry_after=next_try or 5)
+        return self._answer(request, error)
+
+    @app.handle_errors(StoreError)
+    def _store_error(self, request: Any, failure: Any) -> bytes:
+        log.error("admin: {error}", error=str(failure.value))
+        error = unavailable(f"the store cannot be read now: {failure.value}", retry_after=5)
+        return self._answer(request, error)
 
     @app.handle_errors(HTTPException)
     def _routing_error(self, request: Any, failure: Any) -> bytes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from typing import Any
 
@@ -52,7 +53,8 @@ def route_rows(
         rows.append(
             {
                 "name": name,
-                "configured": route is not None,
+                "configured": name in config.routes,  # a [routes.<name>] table of its own
+                "served": route is not None,  # by that table or by a template
                 "template": route.template if route is not None else None,
                 "hosts": list(route.hosts) if route is not None else [],
                 "default_model": route.default_model if route is not None else "",
@@ -113,9 +115,13 @@ def since_arg(text: str | None, now: float, default: float | None = None) -> flo
     if text is None or text == "":
         return default
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         pass
+    else:
+        if math.isfinite(value):
+            return value
+        raise bad_request(f"since: give a finite number of seconds, not {text!r}")
     try:
         return now - parse_duration(text)
     except ValueError:
@@ -139,7 +145,7 @@ def usage_series_args(since: str | None, bucket: str | None, now: float) -> tupl
                 size = parse_duration(bucket)
             except ValueError:
                 size = 0.0
-    if size <= 0:
+    if not math.isfinite(size) or size <= 0:
         raise bad_request(f'bucket: give seconds or a duration such as "1m", not {bucket!r}')
     if (now - start) / size > MAX_BUCKETS:
         raise bad_request(

@@ -117,29 +117,41 @@ def no_prompt(body: dict[str, Any]) -> str | None:
     return None
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "".join(_text(v) for v in value)
-    if isinstance(value, dict):
-        if isinstance(value.get("text"), str):
-            return value["text"]
-        return _text(value.get("content"))
-    return ""
+def _text_length(value: Any) -> int:
+    """Characters of text in a content value: strings, lists of parts, `text` or `content` of
+    objects; anything else counts nothing. Iterative: a deeply nested body cannot exhaust the
+    stack."""
+    total = 0
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            total += len(item)
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            text = item.get("text")
+            if isinstance(text, str):
+                total += len(text)
+            else:
+                stack.append(item.get("content"))
+    return total
 
 
 def prompt_chars(body: Any) -> int:
     """Characters of prompt text in a request body (messages, system, input, prompt...)."""
     if not isinstance(body, dict):
         return 0
-    total = 0
-    for key in _PROMPT_KEYS:
-        total += len(_text(body.get(key)))
-    for message in body.get("messages") or []:
-        total += len(_text(message)) + 8  # role markers of the chat template
-    if body.get("tools"):
-        total += len(json.dumps(body["tools"]))
+    total = sum(_text_length(body.get(key)) for key in _PROMPT_KEYS)
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        total += sum(_text_length(m) + 8 for m in messages)  # + role markers of the template
+    tools = body.get("tools")
+    if tools:
+        try:
+            total += len(json.dumps(tools))
+        except (TypeError, ValueError, RecursionError):
+            pass  # a schema too odd to measure counts nothing; the host will say
     return total
 
 

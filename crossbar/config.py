@@ -49,6 +49,9 @@ class ServerConfig:
     events_retention: float = 30 * _DAY
     shutdown_grace: float = 30.0
     remember_ids: int = 100_000
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    client_write_timeout: float = 60.0
 
 
 @frozen
@@ -146,6 +149,9 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         events_retention=t.duration("events_retention", d.events_retention),
         shutdown_grace=t.duration("shutdown_grace", d.shutdown_grace, positive=False),
         remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
+        header_timeout=t.duration("header_timeout", d.header_timeout),
+        body_timeout=t.duration("body_timeout", d.body_timeout),
+        client_write_timeout=t.duration("client_write_timeout", d.client_write_timeout),
     )
     t.finish()
     for key in ("listen", "admin_listen"):

@@ -157,7 +157,7 @@ def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     for r in answer["routes"]:
         source = ("template " + r["template"]) if r["template"] else "config"
         weight = r.get("weight")
-        rows.append([r["name"], source if r["configured"] else "not in config",
+        rows.append([r["name"], source if r["served"] else "not in config",
                      ",".join(r["hosts"]), r["pinned"], r["leases"], r["requests"],
                      r.get("priority"), "shared" if weight is None else f"{weight:g}",
                      r.get("max_in_flight"), r.get("max_queued"), r.get("in_flight"),

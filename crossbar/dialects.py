@@ -187,6 +187,8 @@ def classify(method: str, path: str) -> tuple[Dialect, Kind | None]:
     found = _BY_PATH.get(path)
     if found is not None:
         dialect, kind = found
+        if kind is Kind.INFERENCE and method != "POST":
+            return dialect, Kind.CONTROL  # OPTIONS, GET...: passed on, no slot, no lease
         if kind not in _ANSWERED or method == "GET":
             return dialect, kind
         return dialect, None

@@ -129,6 +129,21 @@ def for_exception(error: Exception, where: Where) -> ClientError:
                 retry_after=5,
                 status=502,
             )
+        if error.reason == "not http":
+            return ClientError(
+                502,
+                "api_error",
+                f"host {host} answered something that is not HTTP ({error.detail})",
+                code="bad_gateway",
+            )
+        if error.reason == "reset":
+            return ClientError(
+                502,
+                "api_error",
+                f"host {host} closed the connection before answering; the request was not "
+                "sent to another host (it may be what broke the connection)",
+                headers={"Retry-After": "5"},
+            )
         return unavailable(f"host {host} failed ({error.reason}); try again shortly", 5)
     if isinstance(error, PinnedDown):
         return unavailable(

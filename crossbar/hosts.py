@@ -11,7 +11,7 @@ leaves `parallel`/`ctx` unset.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
@@ -159,12 +159,26 @@ class Hosts:
 
     # -- health
 
-    def passive_failure(self, name: str, reason: str) -> None:
-        """The proxy saw a fresh connection fail (refused, reset, connect timeout): unhealthy at
-        once; `healthy_after` good probes bring it back."""
+    def passive_failure(self, name: str, reason: str, route_hosts: Sequence[str] = ()) -> bool:
+        """The proxy could not reach the host (refused, connect timeout): unhealthy at once,
+        unless it is the last healthy one of `route_hosts` (passive ejection never empties a
+        route; the probes judge that host). `healthy_after` good probes bring it back.
+        True when the host was taken out."""
         host = self._hosts.get(name)
-        if host is not None and host.health.fail(reason, self._config.server.unhealthy_after):
+        if host is None or not host.health.healthy:
+            return False
+        others = [h for h in route_hosts if h != name and self.healthy(h)]
+        if route_hosts and not others:
+            self._log.warn(
+                "host {host} failed ({reason}) but is the last healthy host of its route: "
+                "kept in service until the probes say otherwise",
+                host=name,
+                reason=reason,
+            )
+            return False
+        if host.health.fail(reason, self._config.server.unhealthy_after):
             self._flipped(name, host)
+        return True
 
     def probe_all(self) -> Deferred[None]:
         """One probe round over every host in parallel; fires when all have answered or timed

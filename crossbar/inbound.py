@@ -58,6 +58,8 @@ def json_object(raw: bytes, what: str = "the request body", allow_array: bool = 
         value = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as e:
         raise bad_request(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise bad_request(f"{what} is nested too deeply to be read") from None
     if not isinstance(value, dict) and not (allow_array and isinstance(value, list)):
         raise bad_request(f"{what} must be a JSON object, not {type(value).__name__}")
     return value

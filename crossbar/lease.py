@@ -1,16 +1,18 @@
 """The sticky lease table (SPEC §5): which host each conversation is on, and keeping it there.
 
 A lease moves only when its host is unhealthy, when it has been idle longer than `idle`, or
-when an operator pins or releases its route. Every change is written to the store first and
-applied to memory only once the write succeeded, so a failed write changes nothing and a
-restart (`Table.load`) moves nobody.
+when an operator pins or releases its route. Every change goes to the store (through the
+journal, journal.py) and is applied to memory only once it is written, so a restart
+(`Table.load`) moves nobody. While the store cannot be written, changes that serve clients
+(leases made, moved, touched; hosts a reload removed) are applied to memory and kept by the
+journal until the store recovers, and the operator's changes and the sweep's expiry are
+refused (StoreUnavailable) and change nothing.
 
-Concurrency: `acquire` holds a per-key lock across its store write, so calls for one key resolve
-to one host while other keys go on. Route-wide operations (pin, release, expiry) take no lock:
-each applies to memory exactly the change it wrote, and the store (one connection, one thread)
-completes writes in the order they were submitted, so memory replays the store's history.
-A stale decision is healed by the next acquire (a lease left on another host under a pin moves
-to the pin).
+Concurrency: `acquire` holds a per-key lock across its write, so calls for one key resolve to
+one host while other keys go on. Route-wide operations (pin, release, expiry) take no lock:
+each applies to memory exactly the change it wrote, and the journal writes changes in the
+order they were submitted, so memory replays the store's history. A stale decision is healed
+by the next acquire (a lease left on another host under a pin moves to the pin).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from attrs import evolve
-from twisted.internet.defer import CancelledError, Deferred, DeferredLock, ensureDeferred
+from twisted.internet.defer import CancelledError, Deferred, DeferredLock
+from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel
 from twisted.python.failure import Failure
 
+from crossbar.journal import Change, Journal
 from crossbar.lease_index import LeaseIndex
 from crossbar.lease_types import (
     Acquired,
@@ -64,12 +68,12 @@ class Table:
 
     def __init__(
         self,
-        store: LeaseStore,
+        journal: Journal,
         hosts: HostStates,
         chooser: HostChooser,
         idle: float,
     ) -> None:
-        self._store = store
+        self._journal = journal
         self._hosts = hosts
         self._chooser = chooser
         self._idle = idle
@@ -82,7 +86,8 @@ class Table:
         self._pins: dict[str, Lease] = {}
         self._seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
         self._locks: dict[Key, DeferredLock] = {}
-        # Called with each event once its change is in the store and in memory (metrics).
+        # Called with each event once its change takes effect: written, or kept in memory while
+        # the store fails (metrics).
         self.listeners: list[Callable[[LeaseEvent], None]] = []
 
     @classmethod
@@ -92,9 +97,14 @@ class Table:
         hosts: HostStates,
         chooser: HostChooser,
         idle: float,
+        journal: Journal | None = None,
     ) -> Table:
-        """A table holding the store's leases and pins (rows with fp == model == "", PINNED)."""
-        table = cls(store, hosts, chooser, idle)
+        """A table holding the store's leases and pins (rows with fp == model == "", PINNED).
+
+        Its changes go through `journal` (one on the service's clock in production; without
+        one, a journal whose retries wait for a clock nobody advances: tests and tools)."""
+        journal = journal or Journal(store, Clock())
+        table = cls(journal, hosts, chooser, idle)
         for lease in await store.list_leases():
             table._remember(lease, copy=False)  # fresh objects, nobody else holds them
             table._seen.setdefault(lease.key.route, set()).add(lease.host)
@@ -105,6 +115,11 @@ class Table:
     def __len__(self) -> int:
         """Leases held (pins excluded)."""
         return len(self._index)
+
+    @property
+    def journal(self) -> Journal:
+        """Where the table's changes go: the store's state (degraded?) and unsaved leases."""
+        return self._journal
 
     def pinned(self, route: str) -> str | None:
         pin = self._pins.get(route)
@@ -131,6 +146,25 @@ class Table:
         return self._index.hosts_with_lease(routes, model)
 
     # -- acquire -----------------------------------------------------------------------------
+
+    def peek(self, key: Key, candidates: Sequence[str], peers: Sequence[str] = ()) -> Acquired:
+        """Where a request with `key` would go by the acquire rules, creating, moving and
+        touching nothing: for calls that must not make a lease (a control call with no
+        conversation, such as a web UI's GET /props). Raises PinnedDown or NoHost."""
+        healthy, draining = self._hosts.healthy, self._hosts.draining
+        pin = self.pinned(key.route)
+        if pin is not None and pin in candidates:
+            if not healthy(pin):
+                raise PinnedDown(key.route, pin)
+            return Acquired(pin, reused=True, pinned=True)
+        for held in (self._index.get(key), self._index.get(Key(key.route, "", key.model))):
+            if held is not None and held.host in candidates and healthy(held.host):
+                return Acquired(held.host, reused=True, pinned=False)
+        usable = [h for h in candidates if healthy(h) and not draining(h)]
+        host = self._choose(usable, key.model, peers)
+        if host is None:
+            raise NoHost(key.route, key.model)
+        return Acquired(host, reused=False, pinned=False)
 
     async def acquire(
         self, key: Key, candidates: Sequence[str], now: float, peers: Sequence[str] = ()
@@ -224,11 +258,12 @@ class Table:
     async def _place(self, key: Key, host: str, now: float, reason: str, origin: str) -> None:
         lease = Lease(key, host, State.ACTIVE, created=now, last_used=now)
         event = LeaseEvent(now, key.route, key.fp, key.model, origin, host, reason)
-        await self._commit(save=[lease], events=[event])
+        await self._commit(Change(save=[lease], events=[event]), keep_ok=True)
 
     async def _touch(self, lease: Lease, now: float) -> None:
         if now - self._saved_use[lease.key] > self._touch_every:
-            await self._commit(save=[evolve(lease, last_used=max(lease.last_used, now))])
+            touched = evolve(lease, last_used=max(lease.last_used, now))
+            await self._commit(Change(save=[touched]), keep_ok=True)
         else:
             lease.last_used = max(lease.last_used, now)
 
@@ -258,7 +293,8 @@ class Table:
         if previous != host:
             events.insert(0, LeaseEvent(now, route, "", "", previous or "", host, "pin"))
         row = Lease(pin_key(route), host, State.PINNED, created=now, last_used=now)
-        await self._commit(save=[row], delete=[lease.key for lease in movers], events=events)
+        change = Change(save=[row], delete=[lease.key for lease in movers], events=events)
+        await self._commit(change, keep_ok=False, durable=True)
 
     async def reconfigure(self, config: Config, now: float) -> int:
         """Take a reloaded config: its `lease_idle` from now on, and hosts it no longer has
@@ -283,12 +319,12 @@ class Table:
         if host is None:
             return
         event = LeaseEvent(now, route, "", "", host, "", "release")
-        await self._commit(delete=[pin_key(route)], events=[event])
+        await self._commit(Change(delete=[pin_key(route)], events=[event]), durable=True)
 
     async def release(self, route: str, now: float) -> int:
         """Drop every lease of `route` (not its pin); returns how many."""
         leases = list(self._index.of_route(route))
-        await self._drop(leases, now, "release")
+        await self._drop(leases, now, "release", durable=True)
         return len(leases)
 
     async def drop_hosts(self, names: set[str], now: float) -> int:
@@ -297,13 +333,19 @@ class Table:
         Returns the number of leases dropped, pins not included."""
         leases = [lease for lease in self._index.all() if lease.host in names]
         pins = [pin for pin in self._pins.values() if pin.host in names]
-        await self._drop(leases, now, "config", pins=pins)
+        await self._drop(leases, now, "config", pins=pins, keep_ok=True)
         for hosts in self._seen.values():
             hosts.difference_update(names)
         return len(leases)
 
     async def _drop(
-        self, leases: list[Lease], now: float, reason: str, pins: Sequence[Lease] = ()
+        self,
+        leases: list[Lease],
+        now: float,
+        reason: str,
+        pins: Sequence[Lease] = (),
+        keep_ok: bool = False,
+        durable: bool = False,
     ) -> None:
         """Delete leases (and pin rows), one `reason` event each."""
         gone = [*pins, *leases]
@@ -312,41 +354,34 @@ class Table:
                 LeaseEvent(now, x.key.route, x.key.fp, x.key.model, x.host, "", reason)
                 for x in gone
             ]
-            await self._commit(delete=[x.key for x in gone], events=events)
+            change = Change(delete=[x.key for x in gone], events=events)
+            await self._commit(change, keep_ok=keep_ok, durable=durable)
 
     # -- writing -----------------------------------------------------------------------------
 
-    async def _commit(
-        self,
-        save: Sequence[Lease] = (),
-        delete: Sequence[Key] = (),
-        events: Sequence[LeaseEvent] = (),
-    ) -> None:
-        """Write a change, then apply it to memory; a failed write raises and changes nothing.
+    async def _commit(self, change: Change, keep_ok: bool = False, durable: bool = False) -> None:
+        """Write a change, then apply it to memory. With `keep_ok` a change the store cannot
+        take now is applied all the same and kept by the journal; otherwise a failed write
+        raises StoreUnavailable and changes nothing. `durable`: an operator's change, made
+        durable before it is acknowledged.
 
         Memory is updated from the write's own callback, so a caller cancelled mid-write (a
         client gone) still leaves memory agreeing with the store; the caller waits for the
         write to land before it gives up its key lock."""
-        write = ensureDeferred(self._store.apply(save=save, delete=delete, events=events))
-        write.addCallback(self._applied, save, delete, events)
+        write = self._journal.submit(change, keep_ok=keep_ok, durable=durable)
+        write.addCallback(self._applied, change)
         try:
             await _shielded(write)
         except CancelledError:
             await _shielded(write)
             raise
 
-    def _applied(
-        self,
-        _: object,
-        save: Sequence[Lease],
-        delete: Sequence[Key],
-        events: Sequence[LeaseEvent],
-    ) -> None:
-        for key in delete:
+    def _applied(self, _: object, change: Change) -> None:
+        for key in change.delete:
             self._forget(key)
-        for lease in save:
+        for lease in change.save:
             self._remember(lease)
-        for event in events:
+        for event in change.events:
             for listener in list(self.listeners):
                 try:
                     listener(event)

@@ -89,7 +89,10 @@ class LeaseStore(Protocol):
         save: Iterable[Lease] = (),
         delete: Iterable[Key] = (),
         events: Iterable[LeaseEvent] = (),
+        durable: bool = False,
     ) -> None: ...
+
+    async def ping(self) -> None: ...
 
 
 class HostStates(Protocol):

@@ -29,6 +29,7 @@ from crossbar.hosts import Hosts
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
 from crossbar.records import LeaseEvent, UsageRow
+from crossbar.usage import UsageRecorder
 
 __all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
@@ -42,13 +43,20 @@ class Metrics:
     is the /metrics body."""
 
     def __init__(
-        self, config: Config, table: Table, hosts: Hosts, limiter: Limiter, guard: ContextGuard
+        self,
+        config: Config,
+        table: Table,
+        hosts: Hosts,
+        limiter: Limiter,
+        guard: ContextGuard,
+        usage: UsageRecorder | None = None,
     ) -> None:
         self.config = config
         self.table = table
         self.hosts = hosts
         self.limiter = limiter
         self.guard = guard
+        self.usage = usage
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -210,6 +218,7 @@ class _Live:
             "Requests the context guard refused (context_length_exceeded).",
             value=m.guard.refused,
         )
+        yield from _store(m)
 
 
 def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
@@ -303,3 +312,22 @@ def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
         "Bugs caught in health probe rounds (a probe that fails is not one).",
         value=hosts.probe_errors,
     )
+
+
+def _store(m: Metrics) -> Iterator[Metric]:
+    journal = m.table.journal
+    yield GaugeMetricFamily(
+        "crossbar_store_degraded",
+        "1 while the store cannot be written (routing goes on from memory), else 0.",
+        value=1 if journal.degraded else 0,
+    )
+    unsaved = GaugeMetricFamily(
+        "crossbar_store_unsaved",
+        "What waits in memory for the store: leases, lease events, usage rows.",
+        labels=["kind"],
+    )
+    status = journal.status()
+    unsaved.add_metric(["leases"], status["unsaved_leases"])
+    unsaved.add_metric(["events"], status["unsaved_events"])
+    unsaved.add_metric(["usage"], len(m.usage.unsaved) if m.usage is not None else 0)
+    yield unsaved

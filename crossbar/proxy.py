@@ -26,6 +26,7 @@ from crossbar.errors import (
     INTERNAL,
     ClientError,
     Where,
+    bad_request,
     for_exception,
     not_found,
     unavailable,
@@ -224,6 +225,12 @@ class ProxyResource(Resource):
 
     def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         """Body, model, fingerprint and lease key of a request for a host."""
+        try:
+            return self._read_call(request, ex, target, kind)
+        except RecursionError:
+            raise bad_request("the request body is nested too deeply to be read") from None
+
+    def _read_call(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         config = self._config
         route, dialect, method, path = target.route, target.dialect, target.method, target.path
         raw = request.content.read()
@@ -274,12 +281,14 @@ class ProxyResource(Resource):
                 response = await self._upstream.send(prepare(host_config, call.model, call.inbound))
             except UpstreamFailure as failure:
                 release()
-                if failure.host_fault:
-                    self._hosts.passive_failure(host, failure.reason)
-                    if call.kind is Kind.INFERENCE and failed is None:
-                        failed = (host, failure)  # the lease moves (unhealthy) on this acquire
-                        continue
                 ex.error = f"upstream {failure.reason}"
+                if failure.connecting:
+                    ejected = self._hosts.passive_failure(host, failure.reason, call.candidates)
+                    if ejected and call.kind is Kind.INFERENCE and failed is None:
+                        # A second host, the only one: the lease moves (unhealthy) on this
+                        # acquire. A request is tried on at most two hosts in all.
+                        failed = (host, failure)
+                        continue
                 raise for_exception(failure, self._where(call, host)) from None
             except BaseException:
                 release()
@@ -305,8 +314,13 @@ class ProxyResource(Resource):
             pinned = self._table.pinned(call.key.route) is not None
             return Acquired(call.origin, reused=True, pinned=pinned)
         now = self._clock.seconds()
+        peers = call.route.peers
         try:
-            return await self._table.acquire(call.key, call.candidates, now, call.route.peers)
+            if call.kind is Kind.CONTROL and not call.key.fp and not call.route.per_route():
+                # No conversation: the route lease's host or the chooser's pick, and nothing
+                # recorded (one GET /props must not make the lease every conversation inherits).
+                return self._table.peek(call.key, call.candidates, peers)
+            return await self._table.acquire(call.key, call.candidates, now, peers)
         except NoHost as e:
             if failed is not None:  # the host that just failed was the last one left
                 raise for_exception(failed[1], self._where(call, failed[0])) from None
@@ -347,9 +361,8 @@ class ProxyResource(Resource):
         def remember(id_: str) -> None:
             self._usage.remember_id(id_, host, fp)
 
-        relay = Relay(
-            request, self._clock, self._upstream.idle_timeout, call.dialect, host, remember
-        )
+        timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
+        relay = Relay(request, self._clock, timeouts, call.dialect, host, remember)
         extra = [
             (b"X-Crossbar-Host", host.encode()),
             (b"X-Crossbar-Lease", ex.lease.encode()),

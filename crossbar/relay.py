@@ -37,15 +37,19 @@ class _Body(Protocol):
         request: Any,
         clock: IReactorTime,
         idle_timeout: float,
+        write_timeout: float,
         on_data: Callable[[bytes], None],
     ) -> None:
         self._request = request
         self._clock = clock
         self._idle_timeout = idle_timeout
+        self._write_timeout = write_timeout
         self._on_data = on_data
         self._timer: IDelayedCall | None = None
+        self._stalled: IDelayedCall | None = None  # the client is not reading
         self._registered = False
         self.timed_out = False
+        self.client_stalled = False
         self.reason: Failure | None = None
         self.done: Deferred[None] = Deferred(canceller=lambda _: self.stopProducing())
 
@@ -58,15 +62,21 @@ class _Body(Protocol):
         self._arm()
 
     def pauseProducing(self) -> None:
+        # The client's connection accepts no more for now: the host is not silent, so its idle
+        # timer stops; the client has client_write_timeout to read on before it is dropped.
         self._disarm()
+        if self._stalled is None:
+            self._stalled = self._clock.callLater(self._write_timeout, self._drop_client)
         self.transport.pauseProducing()
 
     def resumeProducing(self) -> None:
+        self._unstall()
         self._arm()
         self.transport.resumeProducing()
 
     def stopProducing(self) -> None:
         self._disarm()
+        self._unstall()
         self.transport.stopProducing()
 
     def dataReceived(self, data: bytes) -> None:
@@ -79,6 +89,7 @@ class _Body(Protocol):
 
     def connectionLost(self, reason: Failure = ResponseDone) -> None:  # type: ignore[assignment]
         self._disarm()
+        self._unstall()
         if self._registered and self._request.channel is not None:
             self._request.unregisterProducer()
         self.reason = reason
@@ -109,6 +120,20 @@ class _Body(Protocol):
         self.timed_out = True
         self.transport.stopProducing()
 
+    def _unstall(self) -> None:
+        if self._stalled is not None and self._stalled.active():
+            self._stalled.cancel()
+        self._stalled = None
+
+    def _drop_client(self) -> None:
+        """The client took no byte for client_write_timeout: it goes, and so does the host's
+        answer (its slot frees)."""
+        self._stalled = None
+        self.client_stalled = True
+        if self._request.channel is not None:
+            self._request.channel.transport.abortConnection()
+        self.transport.stopProducing()
+
 
 class Relay:
     """Writes one host's answer to the client. After `run` returns or raises, `status`,
@@ -118,14 +143,15 @@ class Relay:
         self,
         request: Any,
         clock: IReactorTime,
-        idle_timeout: float,
+        timeouts: tuple[float, float],
         dialect: Dialect,
         host: str,
         on_id: Callable[[str], None],
     ) -> None:
+        """`timeouts`: (upstream_idle_timeout, client_write_timeout)."""
         self._request = request
         self._clock = clock
-        self._idle_timeout = idle_timeout
+        self._idle_timeout, self._write_timeout = timeouts
         self._dialect = dialect
         self._host = host
         self._on_id = on_id
@@ -154,18 +180,18 @@ class Relay:
         ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         self.stream = ctype.lower().startswith(b"text/event-stream")
         meter = self._meter = self._dialect.meter(self.stream, self._on_id)
-        body = _Body(request, self._clock, self._idle_timeout, self._data)
+        body = _Body(request, self._clock, self._idle_timeout, self._write_timeout, self._data)
         response.deliverBody(body)
         try:
             await body.done
         finally:
             if not body.complete():
                 meter.delivered()
+                self.error = _why_cut(body)
         if body.complete():
             meter.finish()
             request.finish()
             return
-        self.error = "upstream idle timeout" if body.timed_out else "upstream closed mid-response"
         if request.channel is None:
             return
         if self.stream:
@@ -180,3 +206,14 @@ class Relay:
             self.first_byte = self._clock.seconds()
         assert self._meter is not None
         self._meter.feed(data)
+
+
+def _why_cut(body: _Body) -> str:
+    """Why a body ended before the host meant it to ("" when our own caller stopped it)."""
+    if body.client_stalled:
+        return "client stopped reading"
+    if body.timed_out:
+        return "upstream idle timeout"
+    if body.reason is None:
+        return ""
+    return "upstream closed mid-response"

@@ -244,6 +244,7 @@ class CrossbarService(MultiService):
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
         await parts.upstream.close()
+        parts.journal.stop()
         await parts.store.close()  # last: every row written before the stop is kept
         log.info("crossbar stopped")
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from twisted.web.server import Request, Site
 
+from crossbar.channel import ProxyChannel
 from crossbar.config import Config
 from crossbar.dialects import ErrorShape, classify
 from crossbar.errors import ClientError, phrase
@@ -60,7 +61,7 @@ class BoundedRequest(Request):
         """Answer 413 at once on the raw transport and close: the rest is never read."""
         self._refused = True
         status = 413
-        body = _too_large(self._limit()).body(self.channel.site.error_shape(self))
+        body = _too_large(self._limit()).body(self.channel.site.error_shape_of_line(self.channel))
         head = (
             b"HTTP/1.1 %d %s\r\n" % (status, phrase(status)) + b"Content-Type: application/json\r\n"
             b"Connection: close\r\n"
@@ -83,31 +84,37 @@ class BoundedSite(Site):
         self.max_body = max_body
         self.noisy = False
 
-    def error_shape(self, request: Any) -> ErrorShape:
+    def error_shape_of_line(self, channel: Any) -> ErrorShape:
         """The error shape for a request refused before it was routed."""
         return ErrorShape.OPENAI
 
 
 class ProxySite(BoundedSite):
-    """The client-facing site: its own log line per request (proxy.py's usage observers), not
-    twisted.web's access line; errors before routing in the client's own dialect."""
+    """The client-facing site: deadlines for slow clients (channel.py), its own log line per
+    request (the usage observers), not twisted.web's access line; errors before routing in
+    the client's own dialect."""
+
+    protocol = ProxyChannel
 
     def __init__(self, resource: Any, config: Config, **kwargs: Any) -> None:
         super().__init__(resource, config.server.max_body, **kwargs)
-        self._config = config
+        self.reconfigure(config)
 
     def reconfigure(self, config: Config) -> None:
-        """A reload's `max_body` applies from the next request on."""
+        """A reload's limits apply from the next request on."""
         self._config = config
-        self.max_body = config.server.max_body
+        s = config.server
+        self.max_body = s.max_body
+        self.header_timeout = s.header_timeout
+        self.body_timeout = s.body_timeout
 
     def log(self, request: Any) -> None:
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the
         # proxy's CPU.
         pass
 
-    def error_shape(self, request: Any) -> ErrorShape:
-        raw = request_line_path(request).split(b"?", 1)[0].decode("utf-8", "replace")
+    def error_shape_of_line(self, channel: Any) -> ErrorShape:
+        raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")
         try:
             _, path = split_route(self._config, raw, None)
         except ClientError:

@@ -8,11 +8,8 @@ Functions run by `runInteraction` execute in the pool's thread and never touch t
 
 from __future__ import annotations
 
-import os
 import sqlite3
 from collections.abc import Callable, Iterable
-from importlib import resources
-from pathlib import Path
 from typing import Any, TypeVar
 
 from attrs import astuple, fields
@@ -20,12 +17,23 @@ from twisted.enterprise.adbapi import ConnectionPool, Transaction
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
+from crossbar.instance_lock import InstanceBusy, InstanceLock
 from crossbar.lease import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
+from crossbar.store_setup import (
+    StoreError,
+    check,
+    diagnose,
+    init_connection,
+    migrate,
+    migrations,
+    shut,
+)
+
+__all__ = ["USAGE_GROUPS", "Store", "StoreError", "check", "migrations"]
 
 T = TypeVar("T")
 
-BUSY_TIMEOUT_MS = 5000  # another process (a backup, the sqlite3 shell) may hold a lock briefly
 USAGE_GROUPS = ("route", "host", "model")
 _LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"
 # The records' fields are the tables' columns, in order.
@@ -33,24 +41,32 @@ _EVENT_COLUMNS = ", ".join(a.name for a in fields(LeaseEvent))
 _USAGE_COLUMNS = ", ".join(a.name for a in fields(UsageRow))
 
 
-class StoreError(Exception):
-    """The store cannot be opened, read or written; the message names the database."""
-
-
 class Store:
     """The database. Open it with `await Store.open(path, reactor)`; every method is async."""
 
-    def __init__(self, pool: ConnectionPool, path: str, reactor: IReactorCore) -> None:
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        path: str,
+        reactor: IReactorCore,
+        lock: InstanceLock | None = None,
+    ) -> None:
         self._pool = pool
         self._reactor = reactor
         self.path = path
+        self._lock = lock
         self._closed = False
 
     @classmethod
     async def open(cls, path: str, reactor: IReactorCore) -> Store:
         """Open (creating if needed) and migrate the database at `path` (":memory:" allowed).
 
-        Raises StoreError saying why when it cannot be opened, read or written."""
+        Raises StoreError saying why when it cannot be opened, read or written, or when
+        another crossbar uses it (one instance per store file)."""
+        try:
+            lock = InstanceLock.take(path)
+        except InstanceBusy as e:
+            raise StoreError(str(e)) from None
         pool = ConnectionPool(
             "sqlite3",
             path,
@@ -58,27 +74,35 @@ class Store:
             cp_max=1,
             check_same_thread=False,
             isolation_level=None,  # autocommit; write interactions BEGIN explicitly
-            cp_openfun=lambda conn: _init(conn, memory=path == ":memory:"),
+            cp_openfun=lambda conn: init_connection(conn, memory=path == ":memory:"),
             cp_reactor=reactor,
         )
         try:
-            await pool.runWithConnection(_migrate)
+            await pool.runWithConnection(migrate)
         except Exception as e:
-            reason = await deferToThreadPool(reactor, pool.threadpool, _diagnose, path, e)
-            await _shut(pool, reactor)
+            reason = await deferToThreadPool(reactor, pool.threadpool, diagnose, path, e)
+            await shut(pool, reactor)
+            if lock is not None:
+                lock.release()
             raise StoreError(f"cannot open the store {path}: {reason}") from e
-        return cls(pool, path, reactor)
+        return cls(pool, path, reactor, lock)
 
     async def close(self) -> None:
         """Close the connection (in its own thread) and stop the pool."""
         if not self._closed:
             self._closed = True
-            await _shut(self._pool, self._reactor)
+            try:
+                await shut(self._pool, self._reactor)
+            finally:
+                if self._lock is not None:
+                    self._lock.release()
 
-    async def _run(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, what: str, fn: Callable[..., T], *args: Any, durable: bool = False) -> T:
         if self._closed:
             raise StoreError(f"store {self.path}: {what} after close")
         try:
+            if durable:
+                return await self._pool.runWithConnection(_durably, fn, *args)
             return await self._pool.runInteraction(fn, *args)
         except sqlite3.Error as e:
             raise StoreError(f"store {self.path}: {what} failed: {e}") from e
@@ -90,13 +114,22 @@ class Store:
         save: Iterable[Lease] = (),
         delete: Iterable[Key] = (),
         events: Iterable[LeaseEvent] = (),
+        durable: bool = False,
     ) -> None:
-        """Delete, save (upsert) and record events in one transaction: all or nothing."""
+        """Delete, save (upsert) and record events in one transaction: all or nothing.
+
+        `durable`: synced to disk before it returns (`synchronous = FULL` for this commit),
+        for changes an operator is told are made; the rest may lose their last transactions
+        on a power loss (never on a crash of the process), as WAL with NORMAL does."""
         rows = [_lease_row(lease) for lease in save]
         keys = [(k.route, k.fp, k.model) for k in delete]
         evs = [_event_row(e) for e in events]
         if rows or keys or evs:
-            await self._run("saving leases", _apply, rows, keys, evs)
+            await self._run("saving leases", _apply, rows, keys, evs, durable=durable)
+
+    async def ping(self) -> None:
+        """A write that changes nothing: raises StoreError while the store cannot be written."""
+        await self._run("checking the store", _touch_version)
 
     async def list_leases(self) -> list[Lease]:
         """Every lease and pin row."""
@@ -183,11 +216,12 @@ class Store:
     # -- hosts and housekeeping --------------------------------------------------------------
 
     async def set_draining(self, name: str, draining: bool) -> None:
+        """Persist a host's draining flag, durably (the operator is told it is set)."""
         sql = (
             "INSERT INTO host_state (name, draining) VALUES (?, ?) "
             "ON CONFLICT (name) DO UPDATE SET draining = excluded.draining"
         )
-        await self._run("saving host state", _execute, sql, (name, int(draining)))
+        await self._run("saving host state", _write, sql, (name, int(draining)), durable=True)
 
     async def list_draining(self) -> set[str]:
         rows = await self._run(
@@ -198,117 +232,6 @@ class Store:
     async def prune(self, events_before: float, usage_before: float) -> tuple[int, int]:
         """Delete events and usage rows older than the given times; returns (events, usage)."""
         return await self._run("pruning", _prune, events_before, usage_before)
-
-
-# -- in the pool's thread ------------------------------------------------------------------
-
-
-def check(path: str) -> str | None:
-    """Open and migrate the database once, synchronously, before the reactor runs (twistd's
-    start-up): why it cannot be used, as Store.open would say it, or None."""
-    if path == ":memory:":
-        return None
-    try:
-        conn = sqlite3.connect(path, isolation_level=None)
-    except sqlite3.Error as e:
-        return _diagnose(path, e)
-    try:
-        _init(conn, memory=False)
-        _migrate(conn)
-        conn.execute("COMMIT")
-    except Exception as e:
-        return _diagnose(path, e)
-    finally:
-        conn.close()
-    return None
-
-
-def _init(conn: sqlite3.Connection, memory: bool) -> None:
-    """Set up each new connection (adbapi's cp_openfun)."""
-    try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        if not memory:
-            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode.lower() != "wal":
-                raise StoreError(f"SQLite refused WAL mode (journal mode is {mode})")
-        # In WAL mode NORMAL loses at most the last transactions on power loss, never
-        # consistency; FULL would fsync on every lease change.
-        conn.execute("PRAGMA synchronous = NORMAL")
-    except BaseException:
-        conn.close()  # adbapi keeps no reference to a connection whose setup failed
-        raise
-
-
-def migrations() -> list[tuple[int, str]]:
-    """The schema steps shipped as package data, as (version, sql), in order."""
-    steps = []
-    for entry in resources.files("crossbar").joinpath("schema").iterdir():
-        if entry.name.endswith(".sql"):
-            steps.append((int(entry.name.split("-", 1)[0]), entry.read_text("utf-8")))
-    steps.sort()
-    if [n for n, _ in steps] != list(range(1, len(steps) + 1)):
-        raise StoreError(f"schema files are not numbered 1..n: {[n for n, _ in steps]}")
-    return steps
-
-
-def _migrate(conn: Any) -> int:
-    cur = conn.cursor()
-    cur.execute("BEGIN IMMEDIATE")
-    cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    row = cur.execute("SELECT version FROM schema_version").fetchone()
-    if row is None:
-        cur.execute("INSERT INTO schema_version (version) VALUES (0)")
-    version = row[0] if row else 0
-    steps = migrations()
-    latest = steps[-1][0]
-    if version > latest:
-        raise StoreError(
-            f"its schema version is {version}, newer than this crossbar's {latest}; "
-            "run a newer crossbar or another db file"
-        )
-    for number, sql in steps:
-        if number > version:
-            for statement in _statements(sql):
-                cur.execute(statement)
-    # This UPDATE writes even when there was nothing to migrate: a database that can be read
-    # but not written (a read-only file) fails here, at start, not at the first lease.
-    cur.execute("UPDATE schema_version SET version = ?", (latest,))
-    return latest
-
-
-def _statements(sql: str) -> list[str]:
-    # executescript() would commit the open transaction first; split so that all of a
-    # migration (and the version bump) is one transaction.
-    statements, pending = [], ""
-    for line in sql.splitlines(keepends=True):
-        pending += line
-        if sqlite3.complete_statement(pending):
-            statements.append(pending.strip())
-            pending = ""
-    return statements
-
-
-def _diagnose(path: str, error: Exception) -> str:
-    """Why `path` could not be opened, in words an operator can act on."""
-    if isinstance(error, StoreError):
-        return str(error)
-    text = str(error)
-    if path != ":memory:" and not path.startswith("file:"):
-        file = Path(path).absolute()
-        if not file.parent.is_dir():
-            return f"directory {file.parent} does not exist"
-        if file.is_dir():
-            return "it is a directory"
-        if "not a database" in text:
-            return "the file is not a SQLite database"
-        if file.exists() and not os.access(file, os.W_OK):
-            return "the file is read-only"
-        if not os.access(file.parent, os.W_OK):
-            return (
-                f"directory {file.parent} is not writable "
-                "(SQLite creates its -wal and -shm files beside the database)"
-            )
-    return f"SQLite says: {text}"
 
 
 def _apply(txn: Transaction, rows: list[tuple], keys: list[tuple], events: list[tuple]) -> None:
@@ -323,6 +246,30 @@ def _apply(txn: Transaction, rows: list[tuple], keys: list[tuple], events: list[
     txn.executemany(
         f"INSERT INTO lease_events ({_EVENT_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)", events
     )
+
+
+def _durably(conn: Any, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn` as one transaction committed with synchronous = FULL (an fsync of the WAL),
+    then go back to NORMAL."""
+    conn.execute("PRAGMA synchronous = FULL")
+    try:
+        cursor = conn.cursor()
+        try:
+            result = fn(cursor, *args)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            cursor.close()
+        return result
+    finally:
+        conn.execute("PRAGMA synchronous = NORMAL")
+
+
+def _touch_version(txn: Transaction) -> None:
+    txn.execute("BEGIN IMMEDIATE")
+    txn.execute("UPDATE schema_version SET version = version")
 
 
 def _prune(txn: Transaction, events_before: float, usage_before: float) -> tuple[int, int]:
@@ -342,18 +289,10 @@ def _execute(txn: Transaction, sql: str, args: tuple = ()) -> None:
     txn.execute(sql, args)
 
 
-async def _shut(pool: ConnectionPool, reactor: IReactorCore) -> None:
-    """Close the connection in the thread that uses it, then stop the pool."""
-
-    def disconnect() -> None:
-        conn = pool.connections.pop(pool.threadID(), None)
-        if conn is not None:
-            conn.close()  # a WAL checkpoint may run here: off the reactor thread
-
-    try:
-        await deferToThreadPool(reactor, pool.threadpool, disconnect)
-    finally:
-        pool.close()
+def _write(txn: Transaction, sql: str, args: tuple = ()) -> None:
+    """One statement as a transaction of its own."""
+    txn.execute("BEGIN IMMEDIATE")
+    txn.execute(sql, args)
 
 
 # -- rows ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.config import Config
+from crossbar.journal import StoreUnavailable
 from crossbar.lease import Table
 
 log = Logger(namespace="crossbar.sweep")
@@ -36,7 +37,11 @@ class Sweep:
         """Expire idle leases, prune events and usage; (expired, events, usage rows)."""
         now = self._clock.seconds()
         s = self._config.server
-        expired = await self._table.expire_idle(now)
+        try:
+            expired = await self._table.expire_idle(now)
+        except StoreUnavailable:
+            log.info("sweep: the store cannot be written; idle leases expire once it can")
+            return 0, 0, 0
         events, usage = await self._store.prune(now - s.events_retention, now - s.usage_retention)
         if expired or events or usage:
             log.info(

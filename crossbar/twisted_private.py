@@ -8,10 +8,16 @@ above, so an upgrade that moves one of these fails a named test instead of a req
 - The response's `Connection` header: Twisted's client files it apart from
   `response.headers` (in its parser's `connHeaders`), yet RFC 9110 wants the headers it names
   dropped by a proxy. A protocol subclass keeps it on the response as `connection_headers`.
+- The response parser's lines: Twisted's client takes any number of response headers of any
+  size; the same subclass bounds them (`ParseError` past the bound, as for a bad status line),
+  so a host answering garbage is told apart from a host that reset.
 - The connection pool's `_factory`: the only way to have the pool build that protocol (and to
   make its factory quiet: one "Starting factory" log line per upstream connection is noise).
 - The request line's path while headers arrive: a body refused for its size is answered
   before `Request.requestReceived` runs, and the answer's shape depends on the path.
+- Why the server channel refused a request head: Twisted answers a bare 400 both for a head
+  it cannot parse and for one over its header count or size limits; crossbar says 431 for
+  the latter (`HTTPChannel._respondToBadRequestAndDisconnect` is overridden for that).
 """
 
 from __future__ import annotations
@@ -19,11 +25,50 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet.defer import Deferred
-from twisted.web._newclient import HTTP11ClientProtocol, RequestNotSent
+from twisted.python.failure import Failure
+from twisted.web._newclient import HTTP11ClientProtocol, ParseError, RequestNotSent
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 from twisted.web.http_headers import Headers
 
-__all__ = ["RequestNotSent", "connection_headers", "quiet_pool", "request_line_path"]
+__all__ = [
+    "MAX_RESPONSE_HEADERS",
+    "MAX_RESPONSE_HEAD_BYTES",
+    "RequestNotSent",
+    "connection_headers",
+    "head_too_large",
+    "not_http",
+    "quiet_pool",
+    "request_line_path",
+]
+
+MAX_RESPONSE_HEADERS = 100
+MAX_RESPONSE_HEAD_BYTES = 64 * 1024
+
+
+def _bound(parser: Any) -> None:
+    """Make `parser` fail with ParseError past MAX_RESPONSE_HEADERS header lines or
+    MAX_RESPONSE_HEAD_BYTES of head, or on a line too long to be one."""
+    seen = {"lines": 0, "bytes": 0}
+    line_received = parser.lineReceived
+
+    def counted(line: bytes) -> None:
+        seen["lines"] += 1
+        seen["bytes"] += len(line) + 2
+        if seen["lines"] > MAX_RESPONSE_HEADERS + 2:  # the status line and the empty one
+            raise ParseError("more than 100 response headers", line[:80])
+        if seen["bytes"] > MAX_RESPONSE_HEAD_BYTES:
+            raise ParseError("response headers over 64 KiB", line[:80])
+        try:
+            line_received(line)
+        except (ValueError, KeyError) as e:  # a bad Content-Length, an unknown encoding...
+            raise ParseError(f"bad response head: {e}", line[:80]) from e
+
+    def too_long(line: bytes) -> None:
+        raise ParseError("a response header line over 64 KiB", line[:80])
+
+    parser.lineReceived = counted
+    parser.MAX_LENGTH = MAX_RESPONSE_HEAD_BYTES
+    parser.lineLengthExceeded = too_long
 
 
 class _ConnectionHeadersProtocol(HTTP11ClientProtocol):
@@ -31,6 +76,7 @@ class _ConnectionHeadersProtocol(HTTP11ClientProtocol):
         d = super().request(request)
         parser = getattr(self, "_parser", None)
         if parser is not None:
+            _bound(parser)
 
             def keep(response: Any) -> Any:
                 response.connection_headers = parser.connHeaders
@@ -60,8 +106,28 @@ def connection_headers(response: Any) -> Headers | None:
     return getattr(response, "connection_headers", None)
 
 
-def request_line_path(request: Any) -> bytes:
-    """The path of the request line, available once the line is parsed (before
-    `requestReceived` sets `request.path`)."""
-    channel = request.channel
+def not_http(failure: Failure) -> str | None:
+    """What was wrong with an answer that was not HTTP (a bad status line, a bad length, too
+    many or too large headers), or None for any other failure."""
+    reasons = [failure, *(getattr(failure.value, "reasons", None) or [])]
+    for reason in reasons:
+        if isinstance(reason, Failure) and reason.check(ParseError):
+            error = reason.value
+            detail = error.args[0] if error.args else "unreadable answer"
+            return str(detail)
+    return None
+
+
+def request_line_path(channel: Any) -> bytes:
+    """The path of a connection's current request line, available once the line is parsed
+    (before `requestReceived` sets `request.path`); b"" before that."""
     return getattr(channel, "_path", b"") if channel is not None else b""
+
+
+def head_too_large(channel: Any) -> bool:
+    """True when a connection's request head passed Twisted's limits on header count or
+    size (its answer to that is the same bare 400 as for any unparsable request)."""
+    return (
+        getattr(channel, "_receivedHeaderSize", 0) > channel.totalHeadersSize
+        or getattr(channel, "_receivedHeaderCount", 0) > channel.maxHeaders
+    )

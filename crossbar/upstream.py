@@ -35,7 +35,7 @@ from zope.interface import implementer
 
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.dialects import Dialect
-from crossbar.twisted_private import RequestNotSent, quiet_pool
+from crossbar.twisted_private import RequestNotSent, not_http, quiet_pool
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
     from crossbar.inbound import Inbound
@@ -55,10 +55,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 # Never forwarded upstream: recomputed (Host, Content-Length), the client's own credentials
-# (the host's api_key replaces them; x-api-key is how Anthropic's SDKs send theirs), and
-# Accept-Encoding so the body stays readable for usage.
+# (the host's api_key replaces them; x-api-key is how Anthropic's SDKs send theirs),
+# Accept-Encoding so the body stays readable for usage, and Proxy (httpoxy: a CGI-style host
+# would take it for its HTTP_PROXY).
 _DROP_REQUEST = frozenset(
-    {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding"}
+    {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"proxy"}
 )
 
 
@@ -143,31 +144,38 @@ def prepare(host: HostConfig, model: str, inbound: Inbound) -> Outgoing:
 
 @frozen
 class UpstreamFailure(Exception):
-    """No response byte came from the host.
+    """No usable answer came from the host; nothing of it reached the client.
 
-    `host_fault`: a fresh connection was refused, timed out connecting or was reset, so the
-    host is down (a restarted llama-server has lost its cache anyway). `reused`: it happened on
-    a pooled connection, which is a keep-alive race to retry on a fresh one, not a host fault.
+    `connecting`: the request never reached the host (refused, connect timeout, no route):
+    the host looks down, and the request may go to another host. Anything later (a reset or
+    close while the host had the request, an answer that is not HTTP) is this request's
+    failure alone: a request that crashes hosts must not eject the fleet; the probes judge
+    the host. `reused`: it happened on a pooled connection, which is a keep-alive race to
+    retry once on a fresh connection to the same host. `detail` says what was not HTTP.
     """
 
-    reason: str
-    host_fault: bool
+    reason: str  # refused, connect timeout, connect failed, reset, not http, idle timeout
+    connecting: bool
     reused: bool = False
+    detail: str = ""
 
 
 def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
     """Map a request failure to an UpstreamFailure, or None when it is something else."""
     if failure.check(ierror.ConnectionRefusedError):
-        return UpstreamFailure("refused", host_fault=True)
+        return UpstreamFailure("refused", connecting=True)
     if failure.check(ierror.TimeoutError):
-        return UpstreamFailure("connect timeout", host_fault=True)
+        return UpstreamFailure("connect timeout", connecting=True)
     if failure.check(ierror.ConnectError, ierror.DNSLookupError):
-        return UpstreamFailure("connect failed", host_fault=True)
+        return UpstreamFailure("connect failed", connecting=True)
+    garbage = not_http(failure)
+    if garbage is not None:
+        return UpstreamFailure("not http", connecting=False, detail=garbage)
     if failure.check(
         ResponseNeverReceived, RequestTransmissionFailed, RequestNotSent, ResponseFailed
     ):
         # No response (or only part of its head) arrived: to the client, nothing was sent yet.
-        return UpstreamFailure("reset", host_fault=not reused, reused=reused)
+        return UpstreamFailure("reset", connecting=False, reused=reused)
     return None
 
 
@@ -334,7 +342,7 @@ class Upstream:
             if why == ["idle"]:
                 # Never retried: a silent host is not a keep-alive race, and resending doubles
                 # its work.
-                raise UpstreamFailure("idle timeout", host_fault=False) from None
+                raise UpstreamFailure("idle timeout", connecting=False) from None
             mapped = classify(Failure(), reused)
             if mapped is None:
                 raise

@@ -3,6 +3,7 @@ done once."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -10,14 +11,17 @@ from attrs import define, field
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from crossbar.guard import ContextGuard
 from crossbar.ids import IdMemory
+from crossbar.journal import Journal
 from crossbar.meter import Tokens
 from crossbar.records import UsageRow
 
 log = Logger(namespace="crossbar.usage")
 Observer = Callable[[UsageRow], None]
+MAX_UNSAVED_ROWS = 100_000  # kept through a store outage; past it the oldest go (counted)
 
 
 class UsageStore(Protocol):
@@ -48,7 +52,10 @@ class Exchange:
 
 class UsageRecorder:
     """Turns finished exchanges into usage rows for the observers (the request log line,
-    metrics) and the store, remembers completion ids with their host, and teaches the guard."""
+    metrics) and the store, remembers completion ids with their host, and teaches the guard.
+
+    While the store is degraded (the journal says so) rows wait in memory, at most
+    MAX_UNSAVED_ROWS, and are written when it recovers; a row the store refuses waits too."""
 
     def __init__(
         self,
@@ -56,13 +63,19 @@ class UsageRecorder:
         ids: IdMemory,
         guard: ContextGuard,
         clock: IReactorTime,
+        journal: Journal | None = None,
         observers: list[Observer] | None = None,
     ) -> None:
         self._store = store
         self._ids = ids
         self._guard = guard
         self._clock = clock
+        self._journal = journal
         self.observers: list[Observer] = list(observers or [])
+        self.unsaved: deque[UsageRow] = deque(maxlen=MAX_UNSAVED_ROWS)
+        self.dropped = 0  # rows that did not fit while the store was down
+        if journal is not None:
+            journal.listeners.append(self._store_state)
 
     def remember_id(self, id_: str, host: str, fp: str) -> None:
         """A completion or response id showed in an answer: side calls that name it go to
@@ -99,8 +112,34 @@ class UsageRecorder:
                 observer(row)
             except Exception:
                 log.failure("usage observer failed")
-        d = ensureDeferred(self._store.record_usage(row))
-        d.addErrback(lambda f: log.failure("could not record usage", f))
+        self._write(row)
         if tokens.prompt and ex.prompt_chars:
             self._guard.learn(ex.model, ex.prompt_chars, tokens.prompt)
         return row
+
+    def _write(self, row: UsageRow) -> None:
+        if self._journal is not None and self._journal.degraded:
+            self._hold(row)
+            return
+        d = ensureDeferred(self._store.record_usage(row))
+        d.addErrback(self._refused, row)
+
+    def _refused(self, failure: Failure, row: UsageRow) -> None:
+        if self._journal is None:
+            log.failure("could not record usage", failure)
+            return
+        self._journal.report(failure.value)  # the store fails: degraded, and tried again
+        self._hold(row)
+
+    def _hold(self, row: UsageRow) -> None:
+        if len(self.unsaved) == self.unsaved.maxlen:
+            self.dropped += 1
+        self.unsaved.append(row)
+
+    def _store_state(self, degraded: bool) -> None:
+        if degraded or not self.unsaved:
+            return
+        rows, self.unsaved = list(self.unsaved), deque(maxlen=MAX_UNSAVED_ROWS)
+        log.info("writing {n} usage rows kept during the store outage", n=len(rows))
+        for row in rows:
+            self._write(row)

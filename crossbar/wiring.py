@@ -20,6 +20,7 @@ from crossbar.config import Config
 from crossbar.guard import ContextGuard
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
+from crossbar.journal import Journal
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
 from crossbar.logs import log_request
@@ -37,6 +38,7 @@ class Parts:
 
     clock: IReactorTime
     store: Store
+    journal: Journal
     hosts: Hosts
     limiter: Limiter
     table: Table
@@ -58,18 +60,37 @@ async def build_parts(
     s = config.server
     if store is None:
         store = await Store.open(s.db, reactor)
-    hosts = Hosts(config, reactor, store=store)
+    journal = Journal(store, reactor)
+    hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
     await hosts.load_draining()
     limiter = Limiter(reactor, hosts.parallel, s.queue_max, s.queue_timeout, config)
     hosts.add_listener(limiter.resized)
-    table = await Table.load(store, hosts, Chooser(limiter), s.lease_idle)
+    table = await Table.load(store, hosts, Chooser(limiter), s.lease_idle, journal)
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
-    metrics = Metrics(config, table, hosts, limiter, guard)
+    usage = UsageRecorder(store, ids, guard, reactor, journal)
+    metrics = Metrics(config, table, hosts, limiter, guard, usage)
     table.listeners.append(metrics.lease_event)
-    usage = UsageRecorder(store, ids, guard, reactor, observers=[log_request, metrics.observe])
+    usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
-    return Parts(reactor, store, hosts, limiter, table, upstream, ids, guard, usage, metrics)
+    return Parts(
+        reactor, store, journal, hosts, limiter, table, upstream, ids, guard, usage, metrics
+    )
+
+
+class _GatedDrains:
+    """The store's draining flags, written through the journal's gate: refused while the
+    store is degraded, and a failure degrades it."""
+
+    def __init__(self, store: Store, journal: Journal) -> None:
+        self._store = store
+        self._journal = journal
+
+    async def list_draining(self) -> set[str]:
+        return await self._store.list_draining()
+
+    async def set_draining(self, name: str, draining: bool) -> None:
+        await self._journal.gate(lambda: self._store.set_draining(name, draining))
 
 
 @frozen
@@ -89,7 +110,7 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     resource = ProxyResource(
         config, p.clock, p.table, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage
     )
-    api = Admin(config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, reload)
+    api = Admin(config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)
     admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)
     return Sites(proxy, admin, resource, api)

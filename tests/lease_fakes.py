@@ -41,6 +41,7 @@ class MemoryStore:
     usage: list[UsageRow] = field(factory=list)
     fail: bool = False  # every write raises while set
     closed: bool = False
+    durable: list[bool] = field(factory=list)  # each write: asked to be durable?
 
     async def list_draining(self) -> set[str]:
         return set(self.draining)
@@ -51,6 +52,8 @@ class MemoryStore:
         (self.draining.add if draining else self.draining.discard)(name)
 
     async def record_usage(self, row: UsageRow) -> None:
+        if self.fail:
+            raise StoreError("injected write failure")
         self.usage.append(row)
 
     async def prune(self, events_before: float, usage_before: float) -> tuple[int, int]:
@@ -63,6 +66,10 @@ class MemoryStore:
     async def close(self) -> None:
         self.closed = True
 
+    async def ping(self) -> None:
+        if self.fail:
+            raise StoreError("injected write failure")
+
     async def list_leases(self) -> list[Lease]:
         return [evolve(lease) for lease in self.rows.values()]
 
@@ -71,9 +78,11 @@ class MemoryStore:
         save: Iterable[Lease] = (),
         delete: Iterable[Key] = (),
         events: Iterable[LeaseEvent] = (),
+        durable: bool = False,
     ) -> None:
         if self.fail:
             raise StoreError("injected write failure")
+        self.durable.append(durable)
         for key in delete:
             self.rows.pop(key, None)
         for lease in save:
@@ -88,15 +97,23 @@ class FailingStore:
     inner: Any
     fail: bool = False
     writes: int = 0
+    tries: int = 0  # writes and pings tried, failed or not
 
     async def list_leases(self) -> list[Lease]:
         return await self.inner.list_leases()
 
-    async def apply(self, save=(), delete=(), events=()) -> None:
+    async def apply(self, save=(), delete=(), events=(), durable=False) -> None:
+        self.tries += 1
         if self.fail:
             raise StoreError("injected write failure")
         self.writes += 1
-        await self.inner.apply(save=save, delete=delete, events=events)
+        await self.inner.apply(save=save, delete=delete, events=events, durable=durable)
+
+    async def ping(self) -> None:
+        self.tries += 1
+        if self.fail:
+            raise StoreError("injected write failure")
+        await self.inner.ping()
 
 
 @define
@@ -110,13 +127,16 @@ class HeldStore:
     async def list_leases(self) -> list[Lease]:
         return await self.inner.list_leases()
 
-    async def apply(self, save=(), delete=(), events=()) -> None:
+    async def apply(self, save=(), delete=(), events=(), durable=False) -> None:
         change = (list(save), list(delete), list(events))
         if self.hold(*change):
             gate: Deferred[None] = Deferred()
             self.held.append((gate, change))
             await gate
-        await self.inner.apply(*change)
+        await self.inner.apply(*change, durable=durable)
+
+    async def ping(self) -> None:
+        await self.inner.ping()
 
     def let_go(self) -> None:
         """Let every held write proceed, oldest first."""

@@ -8,6 +8,7 @@ byte that can move, and nothing else happens until the test says so.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,7 @@ class Host(Protocol):
     def __init__(self, net: Net, name: str) -> None:
         self.net, self.name = net, name
         self.received = b""
+        self.handled = 0  # of `received`: what on_request was called for
         self.lost = False
 
     def dataReceived(self, data: bytes) -> None:
@@ -67,12 +69,21 @@ class Client(Protocol):
     def __init__(self) -> None:
         self.received = b""
         self.lost = False
+        self.channel: Any = None  # the proxy's end of the connection
 
     def dataReceived(self, data: bytes) -> None:
         self.received += data
 
     def connectionLost(self, reason: Any = None) -> None:
         self.lost = True
+
+    def stop_reading(self) -> None:
+        """Stop taking bytes: the proxy's connection is paused, as a TCP transport whose send
+        buffer is full pauses it (in-memory transports never do by themselves)."""
+        self.channel.pauseProducing()
+
+    def read_again(self) -> None:
+        self.channel.resumeProducing()
 
     @property
     def status(self) -> int | None:
@@ -155,20 +166,32 @@ class Net:
 
     def host_heard(self, host: Host) -> None:
         handler = self.on_request.get(host.name)
-        if handler is not None and host.received.endswith(b"}"):  # the JSON body is in
+        newest = host.received[host.handled :]
+        head, found, body = newest.partition(b"\r\n\r\n")
+        if handler is None or not found:
+            return
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if len(body) >= length:  # the newest request is all in
+            host.handled = len(host.received)
             handler(host)
 
-    def client(self, site: Any) -> Client:
-        """A new client connection to `site`."""
+    def client(self, site: Any, peer: str = "10.0.0.9") -> Client:
+        """A new client connection to `site` from `peer`."""
         client = Client()
         server = site.buildProtocol(None)
-        self._join(server, client, peer=IPv4Address("TCP", "10.0.0.9", 40000))
+        client.channel = server
+        self._join(server, client, IPv4Address("TCP", peer, 40000))
         return client
 
-    def _join(self, server: Any, client: Any, peer: Any = None) -> None:
+    def _join(self, server: Any, client: Any, peer: Any = None) -> FakeTransport:
         server_io = FakeTransport(server, isServer=True, peerAddress=peer)
         client_io = FakeTransport(client, isServer=False)
         self.pumps.append(connect(server, server_io, client, client_io, greet=False))
+        return server_io
 
     def flush(self) -> None:
         """Move every byte that can move (and run what is due now), until nothing moves."""
@@ -191,14 +214,44 @@ class Crossbar:
     sites: Sites
     store: MemoryStore
 
-    def post(self, path: str, body: bytes) -> Client:
-        """Send one POST on a new client connection; flush."""
+    def admin(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        """Call the admin API as a loopback client; (status, parsed JSON)."""
+        client = self.net.client(self.sites.admin, peer="127.0.0.1")
+        data = b"" if body is None else json.dumps(body).encode()
+        head = f"{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {len(data)}\r\n"
+        client.transport.write(head.encode() + b"\r\n" + data)
+        self.net.flush()
+        assert client.status is not None, client.received
+        answer = client.received.split(b"\r\n\r\n", 1)[1]
+        if client.header(b"transfer-encoding") == b"chunked":
+            answer = _unchunk(answer)
+        try:
+            return client.status, json.loads(answer)
+        except ValueError:
+            return client.status, answer.decode()
+
+    def raw(self, data: bytes) -> Client:
+        """Send raw bytes on a new client connection; flush."""
         client = self.net.client(self.sites.proxy)
-        client.transport.write(
-            b"POST " + path.encode() + b" HTTP/1.1\r\nHost: crossbar\r\n"
-            b"Content-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-        )
+        client.transport.write(data)
+        self.net.flush()
+        return client
+
+    def post(self, path: str, body: bytes, **headers: str) -> Client:
+        """Send one POST on a new client connection; flush."""
+        return self.send("POST", path, body, {"Content-Type": "application/json", **headers})
+
+    def send(
+        self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None
+    ) -> Client:
+        """Send one request on a new client connection; flush."""
+        client = self.net.client(self.sites.proxy)
+        head = f"{method} {path} HTTP/1.1\r\nHost: crossbar\r\n"
+        for name, value in (headers or {}).items():
+            head += f"{name}: {value}\r\n"
+        if body or method == "POST":
+            head += f"Content-Length: {len(body)}\r\n"
+        client.transport.write(head.encode("latin-1") + b"\r\n" + body)
         self.net.flush()
         return client
 
@@ -232,3 +285,15 @@ def start(routes: dict[str, Any], hosts: tuple[str, ...] = ("titan", "atlas"), *
         return []
 
     return Crossbar(net, parts, make_sites(config, parts, no_reload), store)
+
+
+def _unchunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out += rest[:n]
+        data = rest[n + 2 :]
+    return out

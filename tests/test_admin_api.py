@@ -109,10 +109,19 @@ async def test_pin_errors_say_what_is_wrong(crossbar):
 async def test_routes_lists_concrete_routes_and_template_routes_that_were_used(crossbar):
     await crossbar.chat("proj-alpha", conversation("a"))
     await crossbar.chat("convo", conversation("b"))
-    routes = (await crossbar.get("/api/routes"))["routes"]
+    answer = await crossbar.get("/api/routes")
+    routes = answer["routes"]
     assert [r["name"] for r in routes] == ["convo", "solo", "proj-alpha"]
+    assert answer["total"] == 3
     alpha = routes[2]
-    assert alpha["template"] == "projects" and alpha["configured"] is True
+    assert alpha["template"] == "projects"
+    assert (alpha["configured"], alpha["served"]) == (False, True)
+    assert (routes[0]["configured"], routes[0]["served"]) == (True, True)
+    first = await crossbar.get("/api/routes?limit=1")
+    assert [r["name"] for r in first["routes"]] == ["convo"] and first["total"] == 3
+    for bad in ("0", "1001", "x"):
+        code, body, _ = await crossbar.call("GET", f"/api/routes?limit={bad}")
+        assert code == 400 and body["error"]["message"].startswith("limit:"), bad
     assert (alpha["hosts"], alpha["leases"], alpha["leases_by_host"]) == (
         ["atlas"],
         1,
@@ -201,9 +210,12 @@ async def test_the_usage_series_buckets_tokens_per_route_for_the_chart(crossbar)
     assert answer["bucket"] == 60
     assert sorted(p["route"] for p in answer["series"]) == ["convo", "solo"]
     assert all(p["at"] % 60 == 0 and p["completion_tokens"] > 0 for p in answer["series"])
-    for query in ("bucket=0", "bucket=soon", "since=30d&bucket=1s"):
+    for query in ("bucket=0", "bucket=soon", "since=30d&bucket=1s", "bucket=nan", "bucket=inf"):
         code, body, _ = await crossbar.call("GET", f"/api/usage/series?{query}")
         assert code == 400 and body["error"]["message"].startswith("bucket:"), query
+    for query in ("since=nan", "since=-inf"):
+        code, body, _ = await crossbar.call("GET", f"/api/usage/series?{query}")
+        assert code == 400 and body["error"]["message"].startswith("since:"), query
 
 
 @pytest_twisted.ensureDeferred

@@ -1,11 +1,15 @@
 """Each fault switch of the fake does what it says, and turning it off heals the fake."""
 
+import json
+
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.protocol import Protocol
+from twisted.internet.task import Clock
+from twisted.test.iosim import FakeTransport, connect
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 
 from crossbar.testing.fakellama import FakeLlama
@@ -168,3 +172,66 @@ def test_bad_fault_values_are_refused_before_anything_changes():
     with pytest.raises(ValueError, match="refuse"):
         fake.faults.update({"hang": True, "refuse": "yes"})
     assert not fake.faults.hang
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_control_port_stays_open_while_refuse_closes_the_main_one():
+    fake = FakeLlama(reactor, models=["m"])
+    await fake.start(control_port=0)
+    try:
+        control = fake.control_url
+        response = await wait(client().post(control + "/_fake/faults", json={"refuse": True}))
+        assert response.code == 200
+        await wait(fake.settle())
+        with pytest.raises(ConnectionRefusedError):
+            await get(fake, "/health")
+        response = await wait(client().post(control + "/_fake/faults", json={"refuse": False}))
+        assert response.code == 200 and json.loads(await response.content())["refuse"] is False
+        await wait(fake.settle())
+        assert (await get(fake, "/health"))[0].code == 200
+        other = await wait(client().get(control + "/health"))
+        assert other.code == 404  # the control port serves /_fake/* only
+        await other.content()
+    finally:
+        await fake.stop()
+
+
+def test_the_fake_stops_generating_while_its_client_does_not_read():
+    clock = Clock()
+    fake = FakeLlama(clock, models=["m"], tokens_per_second=100)
+    server = fake._connections.buildProtocol(None)
+    received = []
+
+    class Reader:
+        def makeConnection(self, transport):
+            self.transport = transport
+
+        def dataReceived(self, data):
+            received.append(data)
+
+        def connectionLost(self, reason):
+            pass
+
+    reader = Reader()
+    pump = connect(server, FakeTransport(server, True), reader, FakeTransport(reader, False))
+    body = json.dumps({"messages": user("go on"), "stream": True, "max_tokens": 1000}).encode()
+    reader.transport.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(body), body)
+    )
+
+    def run(seconds: float) -> None:
+        for _ in range(int(seconds * 100)):
+            clock.advance(0.01)
+            pump.flush()
+
+    run(0.5)
+    assert fake.counters.predicted_tokens >= 40
+    server.wrappedProtocol.pauseProducing()  # the client's socket buffer is full
+    run(0.05)  # what was under way finishes its step
+    stopped_at = fake.counters.predicted_tokens
+    run(5)
+    assert fake.counters.predicted_tokens == stopped_at  # no generation, no memory growth
+    server.wrappedProtocol.resumeProducing()
+    run(0.5)
+    assert fake.counters.predicted_tokens > stopped_at + 30

@@ -117,6 +117,16 @@ def test_a_passive_failure_marks_unhealthy_at_once_and_probes_bring_it_back():
     w.hosts.passive_failure("nobody", "refused")  # a host gone by reload: ignored
 
 
+def test_passive_ejection_never_takes_the_last_healthy_host_of_a_route():
+    w = World()
+    assert w.hosts.passive_failure("atlas", "refused", route_hosts=("titan", "atlas"))
+    assert not w.hosts.passive_failure("titan", "refused", route_hosts=("titan", "atlas"))
+    assert w.hosts.healthy("titan") and not w.hosts.healthy("atlas")
+    assert any("last healthy host of its route" in t for t in w.log.texts)
+    # Another route with a healthy host left may still take titan out.
+    assert w.hosts.passive_failure("titan", "refused")
+
+
 def test_a_probe_under_way_cannot_undo_a_passive_failure():
     w = World(healthy_after=1)
     w.http.delay = 1.0

@@ -1,10 +1,11 @@
-"""Listeners hear every lease event once it is saved, and never one that was not."""
+"""Listeners hear every lease event once it takes effect (written, or kept in memory while the
+store fails), and never one that was refused."""
 
 import pytest
 from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
+from crossbar.journal import StoreUnavailable
 from crossbar.lease import Key
-from crossbar.store import StoreError
 
 AB = ["a", "b"]
 
@@ -26,15 +27,19 @@ def test_listeners_hear_new_pin_and_release_events_in_order():
     ]
 
 
-def test_a_failed_write_tells_the_listeners_nothing():
+def test_a_refused_change_tells_the_listeners_nothing_and_a_kept_one_tells_them():
     store = MemoryStore()
     table = run_now(make_table(store))
+    table.note_candidates("convo", AB)
     heard = []
     table.listeners.append(heard.append)
     store.fail = True
-    with pytest.raises(StoreError):
-        run_now(table.acquire(Key("convo", "f1", "m"), AB, 1.0))
+    with pytest.raises(StoreUnavailable):
+        run_now(table.pin("convo", "a", 1.0))
     assert heard == []
+    # A lease made while the store fails takes effect (requests go there): it is heard.
+    run_now(table.acquire(Key("convo", "f1", "m"), AB, 1.0))
+    assert [(e.reason, e.fp) for e in heard] == [("new", "f1")]
 
 
 def test_a_listener_that_raises_does_not_break_the_table_or_the_next_listener():

@@ -1,6 +1,10 @@
-"""Property: any sequence of acquires, pins, releases, expiry, health flips, removed hosts and
-failed writes leaves the table (and a table reloaded from its store) where a plain model of
-the rules says it should be.
+"""Property: any sequence of acquires, pins, releases, expiry, health flips, removed hosts,
+failed writes and the store's recovery leaves the table (and a table reloaded from its store)
+where a plain model of the rules says it should be.
+
+While the store fails, changes that serve clients (acquires, removed hosts) apply to memory
+and wait; the operator's (pin, unpin, release) and expiry are refused; the store catches up
+on the journal's next try.
 
 The store is a MemoryStore whose writes finish at once, so every step runs to its end inside
 `run_now`, without a reactor: the runs are deterministic.
@@ -17,9 +21,9 @@ from hypothesis import strategies as st
 from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
 from crossbar.chooser import HostView, pick
+from crossbar.journal import StoreUnavailable
 from crossbar.lease import Acquired, Key, LeaseError, Table
 from crossbar.records import LeaseEvent
-from crossbar.store import StoreError
 
 IDLE = 100.0
 TOUCH = min(60.0, IDLE / 100)
@@ -54,6 +58,15 @@ class Model:
     removed: set[str] = field(factory=set)
     events: list[tuple] = field(factory=list)  # this step's
     wrote: bool = False  # this step wrote to the store
+    degraded: bool = False  # the store failed; changes wait in memory
+    stored: dict[Key, tuple[str, float]] = field(factory=dict)  # leases as the store has them
+    stored_pins: dict[str, str] = field(factory=dict)
+    waiting: list[tuple] = field(factory=list)  # events kept for the store
+
+    def written(self) -> None:
+        """The store takes this model's state (a write landed, or the outage ended)."""
+        self.stored = {k: (h.host, h.saved_use) for k, h in self.leases.items()}
+        self.stored_pins = dict(self.pins)
 
     def count(self, host: str, model: str) -> int:
         return sum(1 for k, h in self.leases.items() if h.host == host and k.model == model)
@@ -203,11 +216,12 @@ STEPS = {
     "drain": st.tuples(st.just("drain"), st.sampled_from(HOSTS)),
     "tick": st.tuples(st.just("tick"), st.sampled_from((0.5, 2.0, 40.0, 150.0))),
     "fail": st.tuples(st.just("fail")),
+    "retry": st.tuples(st.just("retry")),
 }
 # Mostly acquires between the rarer operator and sweep steps; a removed host stays removed,
 # so removals are rarest.
 MIX = ["acquire"] * 12 + ["pin", "health", "tick"] * 2
-MIX += ["unpin", "release", "expire", "drop", "health", "drain", "tick", "fail"]
+MIX += ["unpin", "release", "expire", "drop", "health", "drain", "tick", "fail", "retry"]
 OPS = st.sampled_from(MIX).flatmap(STEPS.__getitem__)
 
 
@@ -218,10 +232,9 @@ def check(model: Model, table: Table, store: MemoryStore) -> None:
         k: (h.host, h.last_used) for k, h in model.leases.items()
     }
     assert table.pins() == model.pins
-    assert {k: (x.host, x.last_used) for k, x in store.rows.items() if k.model} == {
-        k: (h.host, h.saved_use) for k, h in model.leases.items()
-    }
-    assert {k.route: x.host for k, x in store.rows.items() if not k.model} == model.pins
+    assert {k: (x.host, x.last_used) for k, x in store.rows.items() if k.model} == model.stored
+    assert {k.route: x.host for k, x in store.rows.items() if not k.model} == model.stored_pins
+    assert table.journal.degraded == model.degraded
     for mdl in ("m1", "m2"):
         for host in HOSTS:
             assert table.count(host, mdl) == model.count(host, mdl)
@@ -248,6 +261,14 @@ def test_the_table_follows_the_model_of_the_rules(ops):
             now += op[1]
         elif name == "fail":
             fail = True  # the next change's write fails
+        elif name == "retry":
+            before = len(store.events)
+            table.journal.clock.advance(30)  # the journal's next try; the store works again
+            if model.degraded:
+                model.written()
+                model.degraded = False
+                assert sorted(map(event_tuple, store.events[before:])) == sorted(model.waiting)
+                model.waiting = []
         elif name in ("health", "drain"):
             flipped = model.down if name == "health" else model.drained
             flipped ^= {op[1]}
@@ -257,9 +278,12 @@ def test_the_table_follows_the_model_of_the_rules(ops):
         check(model, table, store)
     reloaded = run_now(make_table(store, FakeHosts(), idle=IDLE, parallel=PARALLEL))
     assert {x.key: x.host for x in reloaded.snapshot()} == {
-        k: h.host for k, h in model.leases.items()
+        k: host for k, (host, _) in model.stored.items()
     }
-    assert reloaded.pins() == model.pins
+    assert reloaded.pins() == model.stored_pins
+
+
+KEPT = ("acquire", "drop")  # changes that serve clients: kept while the store fails
 
 
 def run_step(op, model: Model, table: Table, store: MemoryStore, now: float, fail: bool) -> Model:
@@ -276,17 +300,27 @@ def run_step(op, model: Model, table: Table, store: MemoryStore, now: float, fai
     except LeaseError as e:
         answer = e
     store.fail, seen_events = fail, len(store.events)
+    outage = trial.wrote and (fail or model.degraded)
     try:
         got = run_now(coro)
-    except StoreError:
-        assert fail and trial.wrote, op
-        return model  # a failed write changes nothing
+    except StoreUnavailable:
+        assert outage and op[0] not in KEPT, op
+        model.degraded = True
+        return model  # refused: nothing changes (and nothing is written)
     except LeaseError as e:
         assert isinstance(answer, LeaseError) and type(e).__name__ == str(answer), (op, e)
         return model  # a refusal changes nothing, and writes nothing
     finally:
         store.fail = False
-    assert not (fail and trial.wrote), op
     assert got == answer, op
-    assert sorted(map(event_tuple, store.events[seen_events:])) == sorted(trial.events), op
+    written = store.events[seen_events:]
+    if outage:
+        assert op[0] in KEPT, op
+        assert written == [], op  # kept in memory for later
+        trial.degraded = True
+        trial.waiting += trial.events
+    else:
+        assert sorted(map(event_tuple, written)) == sorted(trial.events), op
+        if trial.wrote:
+            trial.written()
     return trial

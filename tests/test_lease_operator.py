@@ -225,3 +225,21 @@ async def test_a_table_loaded_from_the_same_file_returns_the_same_hosts(tmp_path
         assert reloaded.count("a", "m") == table.count("a", "m")
     finally:
         await second.close()
+
+
+def test_the_operators_changes_are_written_durably_and_requests_are_not():
+    from lease_fakes import MemoryStore, make_table, run_now
+
+    store = MemoryStore()
+    table = run_now(make_table(store))
+    table.note_candidates("convo", ["a", "b"])
+    run_now(table.acquire(Key("convo", "f1", "m"), ["a", "b"], 1.0))
+    assert store.durable == [False]
+    run_now(table.pin("convo", "b", 2.0))
+    run_now(table.unpin("convo", 3.0))
+    run_now(table.acquire(Key("convo", "f2", "m"), ["a", "b"], 3.5))
+    run_now(table.release("convo", 4.0))
+    assert store.durable == [False, True, True, False, True]
+    run_now(table.acquire(Key("convo", "f3", "m"), ["a", "b"], 5.0))
+    run_now(table.expire_idle(1e9))
+    assert store.durable[5:] == [False, False]

@@ -2,9 +2,15 @@
 
 import pytest_twisted
 from attrs import evolve
+from lease_fakes import FakeHosts, MemoryStore
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import ensureDeferred
+from twisted.internet.task import Clock
 
+from crossbar.config import parse_config
+from crossbar.guard import ContextGuard
+from crossbar.journal import Journal
+from crossbar.limiter import Limiter
 from crossbar.metrics import Metrics
 from crossbar.records import LeaseEvent, UsageRow
 from tests.admin_harness import conversation, start_service, write_config
@@ -113,7 +119,6 @@ async def test_in_flight_is_read_from_the_limiter_while_a_request_runs(crossbar)
 
 def test_labels_a_client_could_invent_are_folded_into_unknown():
     # A route name or a model no config serves must not become a new series per request.
-    from crossbar.config import parse_config
 
     config = parse_config(
         {
@@ -132,13 +137,6 @@ def test_labels_a_client_could_invent_are_folded_into_unknown():
 
 
 def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
-    from lease_fakes import FakeHosts
-    from prometheus_client.parser import text_string_to_metric_families as parse
-    from twisted.internet.task import Clock
-
-    from crossbar.config import parse_config
-    from crossbar.guard import ContextGuard
-    from crossbar.limiter import Limiter
 
     config = parse_config(
         {
@@ -167,6 +165,8 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
             return 1
 
     class Table:
+        journal = Journal(MemoryStore(), clock)
+
         def count(self, host, model):
             return 0
 
@@ -176,7 +176,7 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
     metrics = Metrics(config, Table(), Hosts(), limiter, guard)  # type: ignore[arg-type]
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in parse(metrics.render().decode())
+        for family in text_string_to_metric_families(metrics.render().decode())
         for s in family.samples
     }
     pair = (("host", "titan"), ("model", MODEL))
@@ -187,4 +187,5 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
     assert samples[("crossbar_queue_cancelled_total", pair)] == 1
     assert samples[("crossbar_queue_waited_seconds_total", pair)] == 3
     assert samples[("crossbar_tracked_total", pair)] == 1
+    assert samples[("crossbar_store_degraded", ())] == 0
     assert waiting.called

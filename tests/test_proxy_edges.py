@@ -86,11 +86,13 @@ async def test_answers_crossbar_gives_itself_are_accounted_as_200():
         await crossbar.stop()
 
 
-def test_a_head_cut_short_is_a_reset():
+def test_a_head_cut_short_is_a_reset_and_only_a_failed_connect_says_the_host_is_down():
     cut = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=False)
-    assert (cut.reason, cut.host_fault) == ("reset", True)
+    assert (cut.reason, cut.connecting) == ("reset", False)
     pooled = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=True)
-    assert (pooled.reason, pooled.host_fault, pooled.reused) == ("reset", False, True)
+    assert (pooled.reason, pooled.connecting, pooled.reused) == ("reset", False, True)
+    refused = classify(Failure(ierror.ConnectionRefusedError()), reused=False)
+    assert (refused.reason, refused.connecting) == ("refused", True)
 
 
 def count_path(path: str, body: dict):

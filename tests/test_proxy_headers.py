@@ -74,6 +74,7 @@ async def test_headers_across_the_proxy_follow_rfc_9110_and_swap_credentials():
                     "X-Forwarded-For": "10.1.1.1",
                     "X-Custom": "passes",
                     "X-Api-Key": "anthropic-style-client-key",
+                    "Proxy": "http://attacker.example:3128",  # httpoxy
                 },
             )
         )
@@ -83,7 +84,7 @@ async def test_headers_across_the_proxy_follow_rfc_9110_and_swap_credentials():
         headers = seen["headers"]
         assert headers["authorization"] == ["Bearer host-key"]
         assert "x-api-key" not in headers  # a client credential, however it is sent
-        for hop in ("x-client-hop", "keep-alive", "te", "proxy-authorization"):
+        for hop in ("x-client-hop", "keep-alive", "te", "proxy-authorization", "proxy"):
             assert hop not in headers
         assert headers["x-custom"] == ["passes"]
         assert headers["x-forwarded-for"] == ["10.1.1.1, 127.0.0.1"]

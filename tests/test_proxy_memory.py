@@ -1,6 +1,7 @@
 """The proxy rules that hang on timing, told on an in-memory network and a Clock: a client
 leaving while its host thinks, a keep-alive race on a pooled connection, a stop's grace."""
 
+import pytest
 from memnet import MODEL, chat, start
 from twisted.internet.defer import ensureDeferred
 
@@ -114,3 +115,165 @@ def test_a_stop_with_nothing_running_returns_at_once():
     drained = []
     ensureDeferred(crossbar.sites.resource.drain(30)).addCallback(drained.append)
     assert drained == [0]
+
+
+THREE = {"convo": {"hosts": ["titan", "atlas", "nova"], "default_model": MODEL}}
+
+
+def error_of(client) -> dict:
+    import json
+
+    return json.loads(client.received.split(b"\r\n\r\n", 1)[1])
+
+
+def test_a_request_that_breaks_every_host_it_reaches_gets_502_and_ejects_no_one():
+    crossbar = start(ROUTES)
+    net, hosts = crossbar.net, crossbar.parts.hosts
+    net.on_request["titan"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("warm up")).status == 200  # leaves a pooled connection
+
+    def crash(host):
+        host.transport.abortConnection()
+
+    net.on_request["titan"] = net.on_request["atlas"] = crash
+    client = crossbar.post(CHAT, chat("warm up"))  # same conversation: titan
+    assert client.status == 502
+    error = error_of(client)["error"]
+    assert error["type"] == "api_error" and "titan" in error["message"]
+    # Pooled, then once fresh (a keep-alive race looks the same), then no other host.
+    assert [c.requests() for c in net.connections["titan"]] == [2, 1]
+    assert "atlas" not in net.connections
+    assert hosts.healthy("titan") and hosts.healthy("atlas")
+    net.on_request["atlas"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("another conversation")).status == 200
+
+
+def test_a_request_is_tried_on_two_hosts_at_most():
+    crossbar = start(THREE, hosts=("titan", "atlas", "nova"))
+    net = crossbar.net
+    net.refusing |= {"titan", "atlas", "nova"}
+    client = crossbar.post("/r/convo/v1/chat/completions", chat())
+    assert client.status == 502 and "atlas" in error_of(client)["error"]["message"]
+    hosts = crossbar.parts.hosts
+    assert [hosts.healthy(h) for h in ("titan", "atlas", "nova")] == [False, False, True]
+
+
+def test_the_last_healthy_host_of_a_route_is_not_ejected_by_a_refused_connect():
+    crossbar = start(ROUTES)
+    net, hosts = crossbar.net, crossbar.parts.hosts
+    net.refusing |= {"titan", "atlas"}
+    client = crossbar.post(CHAT, chat())  # titan refuses, is ejected; atlas refuses, is not
+    assert client.status == 502
+    assert not hosts.healthy("titan") and hosts.healthy("atlas")
+    net.refusing.clear()
+    net.on_request["atlas"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("next")).status == 200  # the route still has a host
+
+
+GARBAGE = [
+    (b"HELLO WORLD\r\n\r\n", "status code"),
+    (b"HTTP/1.1 abc OK\r\nContent-Length: 0\r\n\r\n", "status"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "bad response head"),
+    (b"HTTP/1.1 200 OK\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", "more than 100"),
+    (b"HTTP/1.1 200 OK\r\nX-Big: " + b"x" * 70000 + b"\r\n\r\n", "64 KiB"),
+]
+
+
+@pytest.mark.parametrize(("answer", "said"), GARBAGE, ids=[g[1] for g in GARBAGE])
+def test_a_host_answering_something_that_is_not_http_gets_502_bad_gateway(answer, said):
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: host.transport.write(answer)
+    client = crossbar.post(CHAT, chat())
+    assert client.status == 502
+    error = error_of(client)["error"]
+    assert error["code"] == "bad_gateway" and "titan" in error["message"]
+    assert said.lower() in error["message"].lower()
+    assert crossbar.parts.hosts.healthy("titan")  # no health event
+    assert "atlas" not in net.connections  # not retried
+    assert len(net.connections["titan"]) == 1
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", "/r/convo/props"),
+        ("GET", "/r/convo/slots"),
+        ("GET", "/r/convo/metrics"),
+        ("POST", "/r/convo/tokenize"),
+        ("OPTIONS", "/r/convo/v1/chat/completions"),
+        ("GET", "/r/convo/v1/chat/completions"),
+    ],
+)
+def test_a_call_without_a_conversation_never_creates_a_lease(method, path):
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    body = b'{"content": "x"}' if method == "POST" else b""
+    client = crossbar.send(method, path, body)
+    assert client.status == 200 and client.header(b"X-Crossbar-Host") == b"titan"
+    assert crossbar.store.rows == {} and crossbar.store.events == []
+    assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
+    assert len(crossbar.parts.table) == 0
+
+
+def test_a_call_without_a_conversation_goes_to_the_route_lease_when_there_is_one():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    # An embeddings call has no conversation: it takes (and makes) the route's own lease.
+    first = crossbar.post("/r/convo/v1/embeddings", b'{"input": "x"}')
+    home = first.header(b"X-Crossbar-Host")
+    # Another conversation's lease makes home the busier host: the chooser would pick the other.
+    crossbar.post(CHAT, chat("a conversation"))
+    leases = dict(crossbar.store.rows)
+    props = crossbar.send("GET", "/r/convo/props")
+    assert props.header(b"X-Crossbar-Host") == home
+    assert crossbar.store.rows == leases  # nothing recorded
+
+
+def test_a_pinned_route_sends_calls_without_a_conversation_to_its_pin():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    crossbar.parts.table.note_candidates("convo", ["titan", "atlas"])
+    ensureDeferred(crossbar.parts.table.pin("convo", "atlas", 1.0))
+    props = crossbar.send("GET", "/r/convo/props")
+    assert props.header(b"X-Crossbar-Host") == b"atlas"
+    assert props.header(b"X-Crossbar-Lease") == b"pinned"
+
+
+def stream_events(host, n: int) -> None:
+    """Start a chunked SSE answer and send `n` token events (no usage), then hold."""
+    host.transport.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    for i in range(n):
+        event = b'data: {"id": "c1", "choices": [{"delta": {"content": "t%d"}}]}\n\n' % i
+        host.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+
+
+def test_a_client_leaving_mid_stream_is_charged_the_tokens_it_was_sent():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: stream_events(host, 20)
+    client = crossbar.post(CHAT, chat())
+    assert client.received.count(b"data: ") == 20
+    client.transport.loseConnection()
+    net.flush()
+    (row,) = crossbar.store.usage
+    assert (row.completion_tokens, row.error, row.stream) == (20, "client disconnected", True)
+
+
+def test_a_stream_cut_by_a_stop_is_charged_its_tokens_and_says_shutdown():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: stream_events(host, 7)
+    crossbar.post(CHAT, chat())
+    drained = []
+    ensureDeferred(crossbar.sites.resource.drain(1)).addCallback(drained.append)
+    net.clock.advance(1)
+    net.flush()
+    assert drained == [1]
+    (row,) = crossbar.store.usage
+    assert (row.completion_tokens, row.error) == (7, "shutdown")

@@ -12,7 +12,7 @@ from lease_fakes import open_store
 
 from crossbar.lease import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import StoreError, migrations
+from crossbar.store import StoreError, check, migrations
 
 
 def lease(route="r", fp="f", model="m", host="a", at=1.0, state=State.ACTIVE) -> Lease:
@@ -292,3 +292,35 @@ async def test_a_read_only_directory_is_named(tmp_path):
             )
     finally:
         tmp_path.chmod(0o755)
+
+
+@pytest_twisted.ensureDeferred
+async def test_durable_writes_are_committed_with_synchronous_full_and_the_rest_are_not(store):
+    statements = []
+    await store._pool.runWithConnection(lambda conn: conn.set_trace_callback(statements.append))
+    await store.apply(save=[lease(fp="pin")], durable=True)
+    await store.set_draining("a", True)
+    await store.apply(save=[lease(fp="plain")])
+    await store._pool.runWithConnection(lambda conn: conn.set_trace_callback(None))
+    marks = [
+        s.split()[0] if not s.startswith("PRAGMA") else s
+        for s in statements
+        if s.startswith(("PRAGMA synchronous", "INSERT", "COMMIT"))
+    ]
+    durable = ["PRAGMA synchronous = FULL", "INSERT", "COMMIT", "PRAGMA synchronous = NORMAL"]
+    assert marks == [*durable, *durable, "INSERT", "COMMIT"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_crossbar_on_the_same_store_file_is_refused_while_the_first_runs(tmp_path):
+    path = str(tmp_path / "c.db")
+    first = await open_store(path)
+    try:
+        with pytest.raises(StoreError, match=r"in use by another crossbar \(pid \d+\)"):
+            await open_store(path)
+        assert "in use by another crossbar" in check(path)  # what twistd says at start
+    finally:
+        await first.close()
+    second = await open_store(path)  # the lock goes with the first one
+    await second.close()
+    assert check(path) is None

@@ -11,6 +11,7 @@ import pytest_twisted
 import treq
 from twisted.internet import reactor
 from twisted.internet.task import deferLater
+from twisted.internet.threads import deferToThread
 
 from crossbar.demo.launch import free_ports
 from tests.harness import MODEL, start_fakes, wait
@@ -114,4 +115,33 @@ async def test_twistd_serves_reloads_on_sighup_and_stops_gracefully_on_sigterm(t
     finally:
         if process.poll() is None:
             process.kill()
+        await fakes["titan"].stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_second_twistd_on_the_same_db_refuses_to_start_and_says_why(tmp_path):
+    fakes = await start_fakes("titan")
+    port, admin, port2, admin2 = free_ports(4)
+    db = tmp_path / "c.db"
+    first_config, second_config = tmp_path / "a.toml", tmp_path / "b.toml"
+    first_config.write_text(config_text(port, admin, db, fakes["titan"].url, ["convo"]))
+    second_config.write_text(config_text(port2, admin2, db, fakes["titan"].url, ["convo"]))
+    first = spawn_twistd(first_config, tmp_path / "a.log")
+    try:
+        await until_status(f"http://127.0.0.1:{port}/r/convo/health", 200)
+        second = await deferToThread(
+            subprocess.run,
+            [TWISTD, "-n", "--pidfile=", "crossbar", "-c", str(second_config)],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert second.returncode != 0
+        assert f"in use by another crossbar (pid {first.pid})" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert await status(f"http://127.0.0.1:{port}/r/convo/health") == 200  # undisturbed
+    finally:
+        first.send_signal(signal.SIGTERM)
+        await exited(first)
         await fakes["titan"].stop()

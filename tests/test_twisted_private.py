@@ -74,7 +74,7 @@ def test_a_connection_no_longer_idle_refuses_a_request_with_request_not_sent():
     (failure,) = failures
     assert failure.check(RequestNotSent)
     mapped = classify(failure, reused=True)
-    assert (mapped.reason, mapped.reused, mapped.host_fault) == ("reset", True, False)
+    assert (mapped.reason, mapped.reused, mapped.connecting) == ("reset", True, False)
 
 
 @pytest.mark.parametrize(
@@ -102,7 +102,7 @@ def test_the_request_line_path_is_known_while_the_headers_arrive(path, shape):
         real = request.gotLength
 
         def got_length(length):
-            seen.append((request_line_path(request), site.error_shape(request)))
+            seen.append((request_line_path(channel), site.error_shape_of_line(channel)))
             real(length)
 
         request.gotLength = got_length

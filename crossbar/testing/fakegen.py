@@ -5,9 +5,11 @@ from __future__ import annotations
 import secrets
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import deferLater
 from twisted.web.server import Request
+from zope.interface import implementer
 
 from crossbar.testing.fakeformat import FORMATS, Format, Job, Outcome
 from crossbar.testing.fakehttp import ApiError, bad_request, send_json, server_error, sse_event
@@ -134,9 +136,38 @@ def _sleep(fake: FakeLlama, seconds: float) -> Deferred[None]:
     return deferLater(fake.reactor, seconds)
 
 
+@implementer(IPushProducer)
+class _Flow:
+    """The client's back-pressure on a stream: `ready()` waits while the client's connection
+    takes no more (as llama-server's generation waits on its HTTP writer)."""
+
+    def __init__(self) -> None:
+        self._paused = False
+        self._waiting: list[Deferred[None]] = []
+
+    def ready(self) -> Deferred[None]:
+        if not self._paused:
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiting.append(d)
+        return d
+
+    def pauseProducing(self) -> None:
+        self._paused = True
+
+    def resumeProducing(self) -> None:
+        self._paused = False
+        waiting, self._waiting = self._waiting, []
+        for d in waiting:
+            d.callback(None)
+
+    def stopProducing(self) -> None:
+        pass  # the connection is going: the request's cancel stops generation
+
+
 class _Output:
     """Writes one answer: SSE events as they come, or one JSON body; applies the mid-stream
-    faults before every event."""
+    faults before every event; a stream waits while its client does not read."""
 
     def __init__(self, fake: FakeLlama, request: Request, job: Job, fmt: Format) -> None:
         self._fake = fake
@@ -144,6 +175,7 @@ class _Output:
         self._job = job
         self._fmt = fmt
         self.sent = 0
+        self._flow: _Flow | None = None
 
     async def _gate(self) -> None:
         faults = self._fake.faults
@@ -159,6 +191,10 @@ class _Output:
             if self.sent == 0:
                 self._request.setHeader(b"content-type", b"text/event-stream")
                 self._request.setHeader(b"cache-control", b"no-cache")
+                self._flow = _Flow()
+                self._request.registerProducer(self._flow, True)
+            if self._flow is not None:
+                await self._flow.ready()
             self._request.write(sse_event(data, event))
             self.sent += 1
             self._fake.counters.chunks_sent += 1
@@ -181,6 +217,8 @@ class _Output:
             events.append(("[DONE]", None))
         await self._send(events)
         await self._gate()
+        if self._flow is not None:
+            self._request.unregisterProducer()
         self._request.finish()
 
 

@@ -21,6 +21,8 @@ from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.internet.interfaces import IDelayedCall, IListeningPort
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.web.http import HTTPChannel
+from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from crossbar.testing.fakeapi import FakeApi
@@ -67,6 +69,22 @@ class _Connections(WrappingFactory):
         return d
 
 
+class _ControlOnly(Resource):
+    """The fake's `/_fake/*` paths only: its control port, which `refuse` leaves open."""
+
+    isLeaf = True
+
+    def __init__(self, api: FakeApi) -> None:
+        super().__init__()
+        self._api = api
+
+    def render(self, request: Request) -> object:
+        if request.path.startswith(b"/_fake/"):
+            return self._api.render(request)
+        request.setResponseCode(404)
+        return b"the control port serves /_fake/* only\n"
+
+
 class FakeLlama:
     """One fake llama-server; see the module docstring. `reactor` provides TCP and time."""
 
@@ -85,8 +103,12 @@ class FakeLlama:
         self.url = ""
         self.started_at = 0.0
         self.api = FakeApi(self)
-        self._connections = _Connections(Site(self.api, reactor=reactor, timeout=None))
+        site = Site(self.api, reactor=reactor, timeout=None)
+        site.protocol = HTTPChannel  # HTTP/1.1 only, as llama-server; its producer is at hand
+        self._connections = _Connections(site)
         self._listener: IListeningPort | None = None
+        self._control: IListeningPort | None = None
+        self.control_url = ""  # the control port's URL, when one was asked for
         self._interface = "127.0.0.1"
         self._lock = DeferredLock()  # listener changes happen one at a time, in order
         self._load_timer: IDelayedCall | None = None
@@ -100,13 +122,22 @@ class FakeLlama:
         """True while the load delay runs or the `loading` fault is on."""
         return self.faults.loading or self._load_timer is not None
 
-    async def start(self, port: int = 0, interface: str = "127.0.0.1") -> None:
-        """Listen on `interface:port` (0: any free port; `port` and `url` tell which)."""
+    async def start(
+        self, port: int = 0, interface: str = "127.0.0.1", control_port: int | None = None
+    ) -> None:
+        """Listen on `interface:port` (0: any free port; `port` and `url` tell which), and
+        with `control_port` on a second port serving only `/_fake/*` (`control_url`), which
+        stays open while `refuse` closes the first."""
         self._interface = interface
         self._listener = self.reactor.listenTCP(port, self._connections, interface=interface)
         self.port = self._listener.getHost().port
         host = f"[{interface}]" if ":" in interface else interface
         self.url = f"http://{host}:{self.port}"
+        if control_port is not None:
+            site = Site(_ControlOnly(self.api), reactor=self.reactor)
+            site.noisy = False
+            self._control = self.reactor.listenTCP(control_port, site, interface=interface)
+            self.control_url = f"http://{host}:{self._control.getHost().port}"
         self.started_at = self.reactor.seconds()
         if self.config.load_delay > 0:
             self._load_timer = self.reactor.callLater(self.config.load_delay, self._loaded)
@@ -122,6 +153,9 @@ class FakeLlama:
         self._timers = []
         self._loaded()  # nobody waits on a load that will never end
         await self._lock.run(self._set_listening, False)
+        if self._control is not None:
+            await self._control.stopListening()
+            self._control = None
         await self._connections.all_closed()
 
     def settle(self) -> Deferred[None]:

@@ -3,7 +3,8 @@
     crossbar-fakellama --port 9001 --model qwen-coder --parallel 2 --tokens-per-second 40
 
 Prints one line with its URL once it listens (`--port 0` picks a free port; the line says
-which). Faults can be set at start with flags and later with `POST /_fake/faults`.
+which). Faults can be set at start with flags and later with `POST /_fake/faults`, on the main
+port or, with `--control-port`, on a port of its own that stays open while `refuse` is on.
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on")
     p.add_argument("--port", type=int, default=8080, help="TCP port (0: any free port)")
+    p.add_argument(
+        "--control-port",
+        type=int,
+        metavar="PORT",
+        help="also serve /_fake/* on this port (0: any free one); it stays open under --refuse",
+    )
     p.add_argument(
         "--model", action="append", dest="models", metavar="NAME", help="model name (repeatable)"
     )
@@ -67,14 +74,17 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
     return config, faults
 
 
-async def _serve(reactor: Any, config: FakeConfig, faults: Faults, host: str, port: int) -> None:
+async def _serve(
+    reactor: Any, config: FakeConfig, faults: Faults, host: str, port: int, control: int | None
+) -> None:
     fake = FakeLlama(reactor, config)
     fake.faults.update(faults.as_dict())
-    await fake.start(port, host)
+    await fake.start(port, host, control_port=control)
     # The reactor's own SIGINT/SIGTERM handlers stop it; this trigger lets the fake close its
     # connections first, so the process exits 0.
     reactor.addSystemEventTrigger("before", "shutdown", lambda: Deferred.fromCoroutine(fake.stop()))
-    print(f"crossbar-fakellama: {', '.join(config.models)} at {fake.url}", flush=True)
+    control = f" (control {fake.control_url})" if fake.control_url else ""
+    print(f"crossbar-fakellama: {', '.join(config.models)} at {fake.url}{control}", flush=True)
     await Deferred()  # until the reactor stops
 
 
@@ -86,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"crossbar-fakellama: {e}", file=sys.stderr)
         return 2
-    react(_serve, (config, faults, args.host, args.port))  # exits the process
+    react(_serve, (config, faults, args.host, args.port, args.control_port))  # exits the process
     return 0
 
 
