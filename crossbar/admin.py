@@ -53,10 +53,10 @@ class Admin(AdminActions):
     @app.route("/api/routes", methods=["GET"])
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
-        """GET /api/routes: configured and seen routes, pins, lease counts."""
+        """GET /api/routes: configured and seen routes, pins, lease counts, queue shares."""
         limit = limit_arg(request, MAX_ROUTES, default=100)
         usage = await self._store.usage_totals("route")
-        rows = route_rows(self.config, self._table, usage)
+        rows = route_rows(self.config, self._table, usage, self._limiter)
         return {"routes": rows[:limit], "total": len(rows)}
 
     @app.route("/api/hosts", methods=["GET"])

@@ -10,7 +10,8 @@ from crossbar.config import Config
 from crossbar.errors import bad_request
 from crossbar.hosts import Hosts
 from crossbar.lease import Lease, Table
-from crossbar.limiter import Limiter
+from crossbar.limiter import Limiter, RouteState
+from crossbar.route import Route
 from crossbar.units import parse_duration
 
 MAX_BUCKETS = 2000  # points per route in a usage series
@@ -30,13 +31,18 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
     }
 
 
-def route_rows(config: Config, table: Table, usage: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def route_rows(
+    config: Config, table: Table, usage: list[dict[str, Any]], limiter: Limiter
+) -> list[dict[str, Any]]:
     """The concrete routes (config order), then every other route seen (by name): a route
-    from a template, or one the config no longer serves, that holds leases, a pin or usage."""
+    from a template, or one the config no longer serves, that holds leases, a pin, usage, or
+    requests in the limiter."""
     leases = table.snapshot()
     pins = table.pins()
     requests = {row["route"]: row["requests"] for row in usage}
+    active = limiter.routes()
     seen = {lease.key.route for lease in leases} | set(pins) | set(requests)
+    seen |= {name for name in active if name}  # "": requests that named no route
     names = list(config.routes) + sorted(seen - set(config.routes))
     by_host: dict[str, Counter[str]] = {name: Counter() for name in names}
     for lease in leases:
@@ -60,14 +66,34 @@ def route_rows(config: Config, table: Table, usage: list[dict[str, Any]]) -> lis
                 "leases": sum(by_host[name].values()),
                 "leases_by_host": dict(sorted(by_host[name].items())),
                 "requests": requests.get(name, 0),
+                **_sharing(config, route, active.get(name)),
             }
         )
     return rows
 
 
+def _sharing(config: Config, route: Route | None, state: RouteState | None) -> dict[str, Any]:
+    """A route's share of the slot queues: its limits (the config's, else the limiter's for a
+    route the config no longer serves) and its requests in flight and queued on every host.
+    `weight` null: the shared FIFO line; `max_in_flight` null: no cap; `max_queued` is the
+    bound in force (the route's, else `queue_max`), null for a route that never queues."""
+    limits = route.limits if route is not None else state.limits if state is not None else None
+    queues = route is None or route.queues()
+    return {
+        "priority": limits.priority if limits is not None else None,
+        "weight": limits.weight if limits is not None else None,
+        "max_in_flight": limits.max_in_flight if limits is not None else None,
+        "max_queued": (
+            limits.queued_bound(config.server.queue_max) if limits is not None and queues else None
+        ),
+        "in_flight": state.in_flight if state is not None else 0,
+        "queued": state.queued if state is not None else 0,
+    }
+
+
 def host_rows(hosts: Hosts, limiter: Limiter, table: Table) -> list[dict[str, Any]]:
-    """Hosts.status() with, per model, the limiter's in flight, queued and free slots and
-    the table's lease count; and per host the routes pinned to it."""
+    """Hosts.status() with, per model, the limiter's in flight, queued (in all and per route)
+    and free slots and the table's lease count; and per host the routes pinned to it."""
     pins = table.pins()
     rows = hosts.status()
     for host in rows:
@@ -77,6 +103,7 @@ def host_rows(hosts: Hosts, limiter: Limiter, table: Table) -> list[dict[str, An
             m = model["name"]
             model["in_flight"] = limiter.in_flight(name, m)
             model["queued"] = limiter.queued(name, m)
+            model["queued_by_route"] = limiter.queued_by_route(name, m)
             model["free"] = limiter.free_slots(name, m)
             model["leases"] = table.count(name, m)
     return rows

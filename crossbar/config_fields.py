@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -97,13 +98,33 @@ class Section:
 
         return self._take(key, default, check)
 
-    def integer(self, key: str, default: Any, minimum: int = 1) -> Any:
+    def integer(self, key: str, default: Any, minimum: int = 1, maximum: int | None = None) -> Any:
         def check(v: Any) -> int:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ValueError(f"must be an integer, not {type_name(v)}")
             if v < minimum:
                 raise ValueError(f"must be at least {minimum}, not {v}")
+            if maximum is not None and v > maximum:
+                raise ValueError(f"must be at most {maximum}, not {v}")
             return v
+
+        return self._take(key, default, check)
+
+    def positive_number(self, key: str, default: Any, minimum: float, maximum: float) -> Any:
+        """An integer or a float larger than zero, within [minimum, maximum]."""
+
+        def check(v: Any) -> float:
+            if isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f"must be a number, not {type_name(v)} {quote(v)}")
+            if math.isnan(v):
+                raise ValueError("must be a number, not nan")
+            if v <= 0:
+                raise ValueError(f"must be larger than zero, not {v:g}")
+            if v < minimum:
+                raise ValueError(f"must be at least {minimum:g}, not {v:g}")
+            if v > maximum:
+                raise ValueError(f"must be at most {maximum:g}, not {v:g}")
+            return float(v)
 
         return self._take(key, default, check)
 

@@ -136,9 +136,11 @@ def _hosts(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
         health = "healthy" if h["healthy"] else "UNHEALTHY"
         for m in h["models"]:
             slots = f"{m['in_flight']}/{m['parallel']}"
+            waiting = ",".join(f"{r}={n}" for r, n in m.get("queued_by_route", {}).items())
             rows.append([h["name"], health, h["draining"], m["name"], slots, m["queued"],
-                         m["leases"], m["ctx"], h["reason"]])  # fmt: skip
-    heads = ["HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "REASON"]
+                         m["leases"], m["ctx"], waiting or None, h["reason"]])  # fmt: skip
+    heads = ["HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "WAITING",
+             "REASON"]  # fmt: skip
     return answer, table(heads, rows)
 
 
@@ -154,9 +156,15 @@ def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     rows = []
     for r in answer["routes"]:
         source = ("template " + r["template"]) if r["template"] else "config"
+        weight = r.get("weight")
         rows.append([r["name"], source if r["served"] else "not in config",
-                     ",".join(r["hosts"]), r["pinned"], r["leases"], r["requests"]])  # fmt: skip
-    return answer, table(["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS"], rows)
+                     ",".join(r["hosts"]), r["pinned"], r["leases"], r["requests"],
+                     r.get("priority"), "shared" if weight is None else f"{weight:g}",
+                     r.get("max_in_flight"), r.get("max_queued"), r.get("in_flight"),
+                     r.get("queued")])  # fmt: skip
+    heads = ["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS", "PRIORITY", "WEIGHT",
+             "MAX_IN_FLIGHT", "MAX_QUEUED", "IN_FLIGHT", "QUEUED"]  # fmt: skip
+    return answer, table(heads, rows)
 
 
 def _pin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
@@ -247,9 +255,9 @@ def add_parser(sub: Any) -> None:
         p.set_defaults(func=run, ctl=fn)
         return p
 
-    cmd("hosts", _hosts, "hosts: health, draining, slots, queue, leases")
+    cmd("hosts", _hosts, "hosts: health, draining, slots, queue (and who waits), leases")
     cmd("leases", _leases, "the lease table").add_argument("--route", help="only this route")
-    cmd("routes", _routes, "routes (configured and seen), pins, lease counts")
+    cmd("routes", _routes, "routes (configured and seen), pins, leases, queue shares")
     p = cmd("pin", _pin, "send every request of ROUTE to HOST (one of its configured hosts)")
     p.add_argument("route")
     p.add_argument("host")

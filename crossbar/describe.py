@@ -21,13 +21,25 @@ def _host_lines(host: HostConfig) -> list[str]:
     return lines
 
 
+def _queue_share(config: Config, route: Route) -> str:
+    """How the route shares the slot queues: "yes (priority 0, shared line, ...)"."""
+    weight = "shared line" if route.weight is None else f"weight {route.weight:g}"
+    cap = "unlimited" if route.max_in_flight is None else str(route.max_in_flight)
+    bound = (
+        f"{config.server.queue_max} from queue_max"
+        if route.max_queued is None
+        else str(route.max_queued)
+    )
+    return f"yes (priority {route.priority}, {weight}, max_in_flight {cap}, max_queued {bound})"
+
+
 def _route_line(config: Config, route: Route) -> str:
     parts = [
         f"hosts {', '.join(route.hosts)}",
         f"models {', '.join(config.models_of(route))}",
         f"default_model {route.default_model or '-'}",
         f"affinity {route.affinity}",
-        f"queue {'yes' if route.queues() else 'no'}",
+        f"queue {_queue_share(config, route)}" if route.queues() else "queue no",
     ]
     if route.peers:
         parts.append(f"peers {', '.join(route.peers)}")

@@ -16,7 +16,7 @@ from twisted.web import http
 
 from crossbar.dialects import Dialect, ErrorShape
 from crossbar.lease_types import NoHost, PinnedDown
-from crossbar.limiter import QueueFull, QueueTimeout
+from crossbar.limiter import QueueFull, QueueTimeout, RouteQueueFull
 from crossbar.upstream import UpstreamFailure
 
 # Reason phrases Twisted lacks ("429 Unknown Status" reads like a bug to whoever sees it), or
@@ -155,6 +155,14 @@ def for_exception(error: Exception, where: Where) -> ClientError:
         return unavailable(
             f"no healthy host can take model {where.model!r} on route {where.route!r} now",
             retry_after=where.retry_after,
+        )
+    if isinstance(error, RouteQueueFull):
+        return ClientError(
+            429,
+            "rate_limit_error",
+            f"route {error.route!r} already has {error.bound} requests waiting for "
+            f"{where.model!r} on host {where.host} (its max_queued); retry later",
+            headers={"Retry-After": str(max(1, round(error.retry_after)))},
         )
     if isinstance(error, QueueFull):
         return ClientError(

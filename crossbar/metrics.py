@@ -7,7 +7,11 @@ limiter's, the prober's) are read from the live objects when Prometheus scrapes,
 never drift from what the admin API shows.
 
 Label values a client could invent (a route no config serves, a model no host serves) are
-folded into "(unknown)", so a scanner cannot grow the series without bound.
+folded into "(unknown)", so a scanner cannot grow the series without bound. The queue metrics
+(`crossbar_queued`, `crossbar_queue_wait_seconds`) go further, as they multiply by host and
+model (and buckets): their `route` label is a concrete route's name, `template:<name>` for
+every route a template serves, and "(unknown)" for the rest, so a template serving a thousand
+project routes adds one series per host and model, not a thousand.
 """
 
 from __future__ import annotations
@@ -69,8 +73,8 @@ class Metrics:
         )
         self.queue_wait = Histogram(
             "crossbar_queue_wait_seconds",
-            "Time inference requests waited for a slot.",
-            ["host", "model"],
+            "Time inference requests waited for a slot, by route (templates folded), host, model.",
+            ["route", "host", "model"],
             buckets=_BUCKETS,
             registry=r,
         )
@@ -121,7 +125,8 @@ class Metrics:
         if row.status >= 400 or row.error:
             self.request_errors.labels(route, host, model).inc()
         if row.queue_ms is not None and host:
-            self.queue_wait.labels(host, model).observe(row.queue_ms / 1000)
+            label = route_label(self.config, row.route)
+            self.queue_wait.labels(label, host, model).observe(row.queue_ms / 1000)
         if row.ttfb_ms is not None:
             self.ttfb.labels(route, host, model).observe(row.ttfb_ms / 1000)
         for kind, n in (
@@ -152,6 +157,35 @@ class Metrics:
     def cache_hit_ratios(self) -> dict[str, float]:
         """route -> cached / prompt tokens over every request seen."""
         return {r: self._cached[r] / p for r, p in self._prompt.items() if p}
+
+
+def route_label(config: Config, name: str) -> str:
+    """The `route` label of the queue metrics: a concrete route's name, `template:<name>` for a
+    route a template serves, "(unknown)" for anything else."""
+    if name in config.routes:
+        return name
+    route = config.route(name)
+    if route is not None and route.template is not None:
+        return f"template:{route.template}"
+    return UNKNOWN
+
+
+def _queued_by_route(config: Config, limiter: Limiter, host: str, model: str) -> dict[str, int]:
+    """Waiters of (host, model) by route label; every route or template that may queue there
+    has a series (0 when nobody waits), so the series do not come and go with the traffic."""
+    counts: dict[str, int] = {}
+    served = host in config.hosts and config.hosts[host].model(model) is not None
+    if served:
+        for name, route in config.routes.items():
+            if host in route.hosts and route.queues():
+                counts[name] = 0
+        for template in config.templates:
+            if host in template.route.hosts and template.route.queues():
+                counts.setdefault(f"template:{template.name}", 0)
+    for name, n in limiter.queued_by_route(host, model).items():
+        label = route_label(config, name)
+        counts[label] = counts.get(label, 0) + n
+    return counts
 
 
 class _Live:
@@ -197,7 +231,9 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
             "crossbar_in_flight", "Requests being served, per host and model.", labels=pair
         ),
         "queued": GaugeMetricFamily(
-            "crossbar_queued", "Requests waiting for a slot, per host and model.", labels=pair
+            "crossbar_queued",
+            "Requests waiting for a slot, per host, model and route (templates folded).",
+            labels=[*pair, "route"],
         ),
         "parallel": GaugeMetricFamily(
             "crossbar_slots", "Slots (parallel) per host and model.", labels=pair
@@ -234,7 +270,8 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
     for host, model in pairs:
         labels = [host, model]
         gauges["in_flight"].add_metric(labels, limiter.in_flight(host, model))
-        gauges["queued"].add_metric(labels, limiter.queued(host, model))
+        for route, n in sorted(_queued_by_route(config, limiter, host, model).items()):
+            gauges["queued"].add_metric([*labels, route], n)
         gauges["parallel"].add_metric(labels, hosts.parallel(host, model))
         state = counted.get((host, model))
         for name, family in counters.items():

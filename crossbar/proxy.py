@@ -346,10 +346,10 @@ class ProxyResource(Resource):
         if call.kind is not Kind.INFERENCE:
             return _noop  # control calls take neither a slot nor a queue place
         if not call.route.queues():
-            return self._limiter.track(host, call.model)
+            return self._limiter.track(host, call.model, call.route.limits)
         waited = self._clock.seconds()
         try:
-            return await self._limiter.acquire(host, call.model)
+            return await self._limiter.acquire(host, call.model, call.route.limits)
         except LimiterError as e:
             raise for_exception(e, self._where(call, host)) from None
         finally:

@@ -8,8 +8,11 @@ from typing import Any
 from attrs import evolve, field, frozen
 
 from crossbar.config_fields import NAME, Errors, Section, quote
+from crossbar.sharing import PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGHT_MIN, RouteLimits
 
 AFFINITIES = ("conversation", "route")
+# The keys that shape a route's place in the slot queues; meaningless where it never queues.
+SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued")
 
 
 @frozen
@@ -24,6 +27,10 @@ class Route:
     peers: tuple[str, ...] = ()
     keys: tuple[str, ...] = field(default=(), repr=False)
     template: str | None = None  # the template that served it, None for a concrete route
+    priority: int = 0
+    weight: float | None = None  # None: the shared FIFO line of its priority
+    max_in_flight: int | None = None  # None: unlimited
+    max_queued: int | None = None  # None: the server's queue_max
 
     def per_route(self) -> bool:
         """True for affinity = "route": every request of the route shares one lease per model."""
@@ -32,6 +39,17 @@ class Route:
     def queues(self) -> bool:
         """True unless queue = false: requests wait in (and can be refused by) the limiter."""
         return self.queue
+
+    @property
+    def limits(self) -> RouteLimits:
+        """The route's share of the slot queues, as the limiter takes it."""
+        return RouteLimits(
+            name=self.name,
+            priority=self.priority,
+            weight=self.weight,
+            max_in_flight=self.max_in_flight,
+            max_queued=self.max_queued,
+        )
 
 
 @frozen
@@ -66,15 +84,24 @@ def read_route_body(table: Section, name: str) -> Route:
     if affinity not in AFFINITIES:
         table.errors.add(table.sub("affinity"), 'must be "conversation" or "route"')
         affinity = "conversation"
-    return Route(
+    queue = table.boolean("queue", True)
+    unqueued = [key for key in SHARING_KEYS if table.has(key)] if not queue else []
+    route = Route(
         name=name,
         hosts=hosts or (),
         default_model=table.string("default_model"),
         affinity=affinity,
-        queue=table.boolean("queue", True),
+        queue=queue,
         peers=table.string_list("peers"),
         keys=table.string_list("keys"),
+        priority=table.integer("priority", 0, minimum=PRIORITY_MIN, maximum=PRIORITY_MAX),
+        weight=table.positive_number("weight", None, WEIGHT_MIN, WEIGHT_MAX),
+        max_in_flight=table.integer("max_in_flight", None),
+        max_queued=table.integer("max_queued", None, minimum=0),
     )
+    for key in unqueued:
+        table.errors.add(table.sub(key), "needs queue = true")
+    return route
 
 
 def read_routes(errors: Errors, data: Any) -> dict[str, Route]:

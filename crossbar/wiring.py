@@ -84,7 +84,11 @@ async def build_parts(
         in_flight, on_change=lambda: limiter.resized_all(), report=journal.report,
     )  # fmt: skip
     limiter = Limiter(
-        reactor, lambda h, m: instances.share(hosts.parallel(h, m)), s.queue_max, s.queue_timeout
+        reactor,
+        lambda h, m: instances.share(hosts.parallel(h, m)),
+        s.queue_max,
+        s.queue_timeout,
+        config,
     )
     hosts.add_listener(limiter.resized)
     since = await store.last_change()  # before the leases: what comes after, the follower applies

@@ -40,6 +40,30 @@ def test_check_prints_the_resolved_hosts_routes_and_templates(capsys):
     assert "projects (match 'proj-*')" in out
 
 
+def test_check_prints_each_routes_queue_share(capsys):
+    assert main(["check", str(EXAMPLE)]) == 0
+    out = capsys.readouterr().out
+    assert "queue yes (priority 1, shared line, max_in_flight 6, max_queued 32)" in out
+    assert "queue yes (priority 0, weight 1, max_in_flight 4, max_queued 48)" in out
+    shared = (
+        "queue yes (priority 0, shared line, max_in_flight unlimited, max_queued 64 from queue_max)"
+    )
+    assert shared in out  # the template's defaults
+    assert "affinity route; queue no;" in out
+
+
+def test_check_refuses_a_non_positive_weight_or_cap_with_its_dotted_path(tmp_path, capsys):
+    path = tmp_path / "bad.toml"
+    path.write_text(
+        BAD.replace('affinity = "sticky"', "weight = 0\nmax_in_flight = 0\npriority = 500")
+    )
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert "routes.convo.weight: must be larger than zero, not 0" in err
+    assert "routes.convo.max_in_flight: must be at least 1, not 0" in err
+    assert "routes.convo.priority: must be at most 100, not 500" in err
+
+
 def test_check_prints_every_error_one_a_line_and_exits_2(tmp_path, capsys):
     path = tmp_path / "bad.toml"
     path.write_text(BAD)

@@ -57,7 +57,8 @@ async def test_drain_keeps_existing_conversations_and_sends_new_ones_elsewhere(c
     code, out, _ = await ctl(crossbar, "hosts")
     lines = out.splitlines()
     assert lines[0].split() == [
-        "HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "REASON",
+        "HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "WAITING",
+        "REASON",
     ]  # fmt: skip
     assert lines[1].split()[:7] == ["titan", "healthy", "yes", MODEL, "0/2", "0", "1"]
     assert lines[2].split()[:7] == ["atlas", "healthy", "no", MODEL, "0/2", "0", "4"]
@@ -90,7 +91,7 @@ async def test_pin_unpin_release_leases_and_events_read_as_sentences_and_tables(
     assert [r.split()[2] for r in rows] == ["release", "release", "pin"]  # AT is two words
     code, out, _ = await ctl(crossbar, "routes")
     assert code == 0
-    assert out.splitlines()[1].split() == ["convo", "config", "titan,atlas", "-", "0", "2"]
+    assert out.splitlines()[1].split()[:6] == ["convo", "config", "titan,atlas", "-", "0", "2"]
 
 
 @pytest_twisted.ensureDeferred

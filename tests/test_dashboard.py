@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
 from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, start_fakes, turn, wait
+from tests.harness import MODEL, start_fakes, turn, until, wait
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
@@ -105,3 +106,33 @@ async def test_without_the_token_the_dashboard_reports_what_failed(crossbar, tmp
     assert "401" in element(dom, "errors") and "admin_token" in unescape(element(dom, "errors"))
     assert re.search(r'<form id="login"\s*>', dom), "the token form is still hidden"
     assert "data-refreshes" not in dom
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp_path):
+    limiter, config = crossbar.parts.limiter, crossbar.service.config
+    solo = config.route("solo").limits
+    # Both of titan's slots held as solo requests would hold them; one real request waits.
+    held = [await wait(limiter.acquire("titan", MODEL, solo)) for _ in range(2)]
+    waiting = ensureDeferred(crossbar.chat("solo", conversation("w")))
+    await until(lambda: limiter.queued("titan", MODEL) == 1)
+    try:
+        url = f"{crossbar.admin_url}/#token=dash-token"
+        dom = await wait(deferToThread(render, url, tmp_path / "profile"), 120)
+    finally:
+        for release in held:
+            release()
+    await wait(waiting)
+
+    assert element(dom, "errors") == "", unescape(element(dom, "errors"))
+    hosts = element(dom, "hosts")
+    assert "waiting (by route)" in hosts
+    titan = re.search(r'<tr data-host="titan".*?</tr>', hosts, re.S).group(0)
+    assert ">solo 1<" in titan
+    routes = element(dom, "routes")
+    for head in ("priority", "weight", "max in flight", "max queued", "in flight", "queued"):
+        assert f">{head}<" in routes, head
+    row = re.search(r'<tr data-route="solo".*?</tr>', routes, re.S).group(0)
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    # priority, weight, max in flight, max queued, in flight, queued
+    assert cells[6:12] == ["0", "shared", "\u2013", "64", "2", "1"]  # an en dash: no cap
