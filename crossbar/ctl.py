@@ -226,6 +226,20 @@ def _reload(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     return answer, "\n".join(lines)
 
 
+def _instances(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/instances")
+    rows = []
+    for i in answer["instances"]:
+        state = "alive" if i["alive"] else "DEAD"
+        config = i["config_digest"] if i["config_matches"] else f"{i['config_digest']} (DIFFERS)"
+        rows.append([i["id"] + (" *" if i["this"] else ""), state, i["address"], i["version"],
+                     config, when(i["started"]), ago(i["seconds_since_heartbeat"]),
+                     i["in_flight"]])  # fmt: skip
+    heads = ["INSTANCE", "STATE", "ADDRESS", "VERSION", "CONFIG", "STARTED", "HEARTBEAT",
+             "IN_FLIGHT"]  # fmt: skip
+    return answer, table(heads, rows) + "\n(* the instance that answered)"
+
+
 def _seg(name: str) -> str:
     return quote(name, safe="")
 
@@ -272,6 +286,7 @@ def add_parser(sub: Any) -> None:
     p = cmd("usage", _usage, "requests, errors, tokens, cache hits and TTFB")
     p.add_argument("--by", choices=USAGE_BY, default="route", help="group by (default route)")
     p.add_argument("--since", help='a duration ("24h") or seconds since the epoch')
+    cmd("instances", _instances, "the crossbar instances sharing this one's store")
     cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
 
 

@@ -26,6 +26,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from crossbar.config import Config
 from crossbar.guard import ContextGuard
 from crossbar.hosts import Hosts
+from crossbar.instances import Instances
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
 from crossbar.records import LeaseEvent, UsageRow
@@ -50,6 +51,7 @@ class Metrics:
         limiter: Limiter,
         guard: ContextGuard,
         usage: UsageRecorder | None = None,
+        instances: Instances | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -57,6 +59,7 @@ class Metrics:
         self.limiter = limiter
         self.guard = guard
         self.usage = usage
+        self.instances = instances
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(
@@ -331,3 +334,14 @@ def _store(m: Metrics) -> Iterator[Metric]:
     unsaved.add_metric(["events"], status["unsaved_events"])
     unsaved.add_metric(["usage"], len(m.usage.unsaved) if m.usage is not None else 0)
     yield unsaved
+    if m.instances is not None:
+        yield GaugeMetricFamily(
+            "crossbar_instances",
+            "Live crossbar instances sharing this one's store (this one included).",
+            value=len(m.instances.live),
+        )
+        yield GaugeMetricFamily(
+            "crossbar_config_mismatch",
+            "Live instances whose config digest differs from this one's.",
+            value=len(m.instances.mismatched),
+        )

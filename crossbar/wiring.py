@@ -97,7 +97,7 @@ async def build_parts(
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)
-    metrics = Metrics(config, table, hosts, limiter, guard, usage)
+    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances)
     table.listeners.append(metrics.lease_event)
     usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)

@@ -11,6 +11,7 @@ from twisted.internet.threads import deferToThread
 from crossbar.cli import main
 from crossbar.ctl import table
 from tests.admin_harness import conversation, start_service, write_config
+from tests.fleet import start_fleet
 from tests.harness import MODEL, start_fakes, wait
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
@@ -182,3 +183,31 @@ def test_tables_align_columns_and_right_align_numbers():
         "titan           5  -",
         "atlas-long  1,234  x",
     ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_instances_lists_everyone_sharing_the_store_and_marks_who_answered(tmp_path):
+    fleet = await start_fleet(
+        tmp_path, str(tmp_path / "shared.db"), await start_fakes("titan", "atlas"), ROUTES
+    )
+    a, b = fleet.instances
+    try:
+        code, out, err = await ctl(a, "instances")
+        assert (code, err) == (0, "")
+        lines = out.splitlines()
+        assert lines[0].split() == [
+            "INSTANCE", "STATE", "ADDRESS", "VERSION", "CONFIG", "STARTED", "HEARTBEAT",
+            "IN_FLIGHT",
+        ]  # fmt: skip
+        rows = [line.split() for line in lines[1:3]]
+        ids = {a.parts.instances.id, b.parts.instances.id}
+        assert {row[0] for row in rows} == ids
+        (me,) = [row for row in rows if row[1] == "*"]
+        assert me[0] == a.parts.instances.id
+        assert all("alive" in row for row in rows)
+        assert "DIFFERS" not in out  # both read the same routes and hosts
+        assert lines[-1] == "(* the instance that answered)"
+        code, out, _ = await ctl(b, "--json", "instances")
+        assert json.loads(out)["this"] == b.parts.instances.id
+    finally:
+        await fleet.stop()

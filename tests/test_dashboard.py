@@ -93,6 +93,9 @@ async def test_the_dashboard_shows_hosts_leases_events_usage_and_a_chart(crossba
     chart = element(dom, "chart")
     assert chart.count("<polyline") == 2 and 'data-route="solo"' in chart
     assert ">release<" in element(dom, "routes")
+    instances = element(dom, "instances")
+    assert instances.count('data-alive="true"') == 1 and "(this one)" in instances
+    assert "1 alive" in element(dom, "instance-count")
 
     shot = tmp_path / "dashboard.png"
     await wait(deferToThread(render, url, tmp_path / "profile2", shot), 120)

@@ -159,3 +159,35 @@ async def test_a_lease_used_on_one_instance_is_not_expired_by_another(tmp_path, 
         assert [x.key for x in await a.parts.store.list_leases()] == [key]
     finally:
         await fleet.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_instance_reading_another_config_is_shown_in_the_api_and_metrics(tmp_path):
+    fleet = await start_fleet(
+        tmp_path, str(tmp_path / "shared.db"), await start_fakes("titan", "atlas"), ROUTES
+    )
+    a, b = fleet.instances
+    try:
+        assert (await metric(a, "crossbar_config_mismatch"), await metric(a, "crossbar_instances"))\
+            == (0.0, 2.0)  # fmt: skip
+        fleet.routes = {**ROUTES, "extra": {"hosts": ["atlas"]}}  # an edit made on one machine
+        odd = await fleet.add()
+        await beat_all(fleet.instances)
+        await beat_all(fleet.instances)
+        answer = await a.get("/api/instances")
+        matches = {i["id"]: i["config_matches"] for i in answer["instances"]}
+        assert matches == {a.parts.instances.id: True, b.parts.instances.id: True,
+                           odd.parts.instances.id: False}  # fmt: skip
+        assert await metric(a, "crossbar_config_mismatch") == 1.0
+        assert await metric(a, "crossbar_instances") == 3.0
+        assert await metric(odd, "crossbar_config_mismatch") == 2.0  # seen from the odd one
+    finally:
+        await fleet.stop()
+
+
+async def metric(running, name: str) -> float:
+    """One unlabelled gauge from the instance's /metrics."""
+    response = await running.http().get(f"{running.admin_url}/metrics")
+    text = (await response.content()).decode()
+    (line,) = [x for x in text.splitlines() if x.startswith(name + " ")]
+    return float(line.split()[1])
