@@ -93,7 +93,9 @@ def _sharing(config: Config, route: Route | None, state: RouteState | None) -> d
 
 def host_rows(hosts: Hosts, limiter: Limiter, table: Table) -> list[dict[str, Any]]:
     """Hosts.status() with, per model, the limiter's in flight, queued (in all and per route)
-    and free slots and the table's lease count; and per host the routes pinned to it."""
+    and free slots, this instance's `share` of the host's `parallel` slots (all of them unless
+    other instances share the store) and the table's lease count; and per host the routes
+    pinned to it."""
     pins = table.pins()
     rows = hosts.status()
     for host in rows:
@@ -105,6 +107,7 @@ def host_rows(hosts: Hosts, limiter: Limiter, table: Table) -> list[dict[str, An
             model["queued"] = limiter.queued(name, m)
             model["queued_by_route"] = limiter.queued_by_route(name, m)
             model["free"] = limiter.free_slots(name, m)
+            model["share"] = limiter.parallel(name, m)
             model["leases"] = table.count(name, m)
     return rows
 

@@ -157,7 +157,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
     for key in ("listen", "admin_listen"):
         _check_endpoint(errors, f"server.{key}", getattr(server, key))
     if not server.db:
-        errors.add("server.db", 'must name a SQLite file (or ":memory:")')
+        errors.add("server.db", 'must name a SQLite file (or ":memory:") or a PostgreSQL URL')
     return server
 
 

@@ -135,7 +135,9 @@ def _hosts(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     for h in answer["hosts"]:
         health = "healthy" if h["healthy"] else "UNHEALTHY"
         for m in h["models"]:
-            slots = f"{m['in_flight']}/{m['parallel']}"
+            slots = f"{m['in_flight']}/{m.get('share', m['parallel'])}"
+            if m.get("share", m["parallel"]) != m["parallel"]:  # other instances hold the rest
+                slots += f" of {m['parallel']}"
             waiting = ",".join(f"{r}={n}" for r, n in m.get("queued_by_route", {}).items())
             rows.append([h["name"], health, h["draining"], m["name"], slots, m["queued"],
                          m["leases"], m["ctx"], waiting or None, h["reason"]])  # fmt: skip

@@ -115,6 +115,17 @@ class Instances:
                 digest=self._digest,
             )
         self.mismatched = mismatched
+        beats = {r.id: r.heartbeat for r in self._rows}
+        for gone in sorted(set(self._live) - set(live)):
+            if gone not in beats:
+                log.info("instance {id} left (a clean stop)", id=gone)
+                continue
+            log.warn(
+                "instance {id} last beat {ago:.1f} s ago: counted dead, its slot share goes "
+                "to the others",
+                id=gone,
+                ago=self._now - beats[gone],
+            )
         if live != self._live:
             log.info(
                 "instances alive: {n} ({ids}); this one is {me}",

@@ -141,9 +141,11 @@ async def test_hosts_show_health_draining_and_slots_per_model(crossbar):
     assert (titan["healthy"], titan["draining"], titan["pinned_routes"]) == (True, False, [])
     assert "reason" in titan and "api_key" not in titan
     (model,) = titan["models"]
-    assert {k: model[k] for k in ("name", "parallel", "in_flight", "queued", "free", "leases")} == {
+    keys = ("name", "parallel", "share", "in_flight", "queued", "free", "leases")
+    assert {k: model[k] for k in keys} == {
         "name": MODEL,
         "parallel": 2,
+        "share": 2,  # no other instance shares the store: this one has every slot
         "in_flight": 0,
         "queued": 0,
         "free": 2,

@@ -242,7 +242,10 @@ RULES = [
     ({"server": {"healthy_after": "2"}}, "server.healthy_after: must be an integer, not a string"),
     ({"server": {"admin_token": 5}}, "server.admin_token: must be a string, not an integer"),
     ({"server": {"listen": "tcpp:8080"}}, "server.listen: not a Twisted endpoint string"),
-    ({"server": {"db": ""}}, 'server.db: must name a SQLite file (or ":memory:")'),
+    (
+        {"server": {"db": ""}},
+        'server.db: must name a SQLite file (or ":memory:") or a PostgreSQL URL',
+    ),
     ({"server": {"port": 8080}}, "server.port: unknown key"),
     ({"server": "fast"}, "server: must be a table, not a string"),
     (
