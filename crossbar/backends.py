@@ -103,9 +103,30 @@ class Backend:
             cp_reconnect=True,  # a database that went away and came back is used again
             cp_openfun=openfun,
             cp_reactor=reactor,
-            connect_timeout=5,
-            application_name="crossbar",
+            **postgres_defaults(db),
         )
+
+
+# A database that stops answering (a network partition, a host gone without a reset) must fail
+# the store's one connection within seconds, not hang it: libpq's TCP keepalives and
+# user timeout. A URL that sets any of these keeps its own value.
+_POSTGRES_DEFAULTS = {
+    "connect_timeout": "5",
+    "application_name": "crossbar",
+    "keepalives": "1",
+    "keepalives_idle": "10",
+    "keepalives_interval": "5",
+    "keepalives_count": "3",
+    "tcp_user_timeout": "15000",
+}
+
+
+def postgres_defaults(db: str) -> dict[str, str]:
+    """The connection parameters crossbar adds to a PostgreSQL URL that does not set them."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    given = conninfo_to_dict(db)
+    return {k: v for k, v in _POSTGRES_DEFAULTS.items() if k not in given}
 
 
 SQLITE = Backend(

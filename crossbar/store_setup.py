@@ -16,7 +16,14 @@ from twisted.enterprise.adbapi import ConnectionPool
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.backends import BUSY_TIMEOUT_MS, SQLITE, Backend, backend_for, redact
+from crossbar.backends import (
+    BUSY_TIMEOUT_MS,
+    SQLITE,
+    Backend,
+    backend_for,
+    postgres_defaults,
+    redact,
+)
 
 _MIGRATION_LOCK = 0x63726F73  # "cros": one instance migrates a PostgreSQL store at a time
 
@@ -53,7 +60,7 @@ def _connect(backend: Backend, db: str) -> Any:
         return sqlite3.connect(db, isolation_level=None)
     import psycopg
 
-    return psycopg.connect(db, connect_timeout=5, application_name="crossbar")
+    return psycopg.connect(db, **postgres_defaults(db))
 
 
 def init_connection(conn: sqlite3.Connection, memory: bool) -> None:
