@@ -1,4 +1,5 @@
-"""The `crossbar` console command: `check` a config, `ctl` a running crossbar."""
+"""The `crossbar` console command: `check` a config, `ctl` a running crossbar, `migrate-store`
+a stopped one's store to another database."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import sys
 from crossbar import ctl
 from crossbar.config import ConfigError, load_config
 from crossbar.describe import describe
+from crossbar.migrate_store import MigrateError, migrate_store
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -22,6 +24,16 @@ def _check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _migrate_store(args: argparse.Namespace) -> int:
+    try:
+        lines = migrate_store(args.source, args.target)
+    except MigrateError as e:
+        print(f"crossbar migrate-store: {e}", file=sys.stderr)
+        return 1
+    print("\n".join(lines))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="crossbar",
@@ -33,6 +45,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("config", help="path to the TOML config")
     check.set_defaults(func=_check)
     ctl.add_parser(sub)
+    move = sub.add_parser(
+        "migrate-store",
+        help="copy a stopped crossbar's store (leases, pins, drains, events, usage) into an "
+        "empty one, e.g. from its SQLite file to PostgreSQL",
+    )
+    move.add_argument("source", metavar="FROM", help="the store now in use: a file or URL")
+    move.add_argument("target", metavar="TO", help="the empty store to fill: a file or URL")
+    move.set_defaults(func=_migrate_store)
     return parser
 
 

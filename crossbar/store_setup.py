@@ -40,7 +40,7 @@ def check(db: str) -> str | None:
         return None
     backend = backend_for(db)
     try:
-        conn = _connect(backend, db)
+        conn = connect(backend, db)
     except Exception as e:
         return diagnose(db, e)
     try:
@@ -55,7 +55,8 @@ def check(db: str) -> str | None:
     return None
 
 
-def _connect(backend: Backend, db: str) -> Any:
+def connect(backend: Backend, db: str) -> Any:
+    """A plain DB-API connection (autocommit for SQLite) for start-up and offline tools."""
     if backend is SQLITE:
         return sqlite3.connect(db, isolation_level=None)
     import psycopg
