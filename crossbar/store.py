@@ -160,10 +160,17 @@ class Store:
     # -- usage -------------------------------------------------------------------------------
 
     async def record_usage(self, row: UsageRow) -> None:
-        values = astuple(row)  # fields in column order, `stream` stored as 0/1
-        values = (*values[:7], int(row.stream), *values[8:])
-        sql = f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES ({', '.join('?' * len(values))})"
-        await self._run("recording usage", _execute, self._backend.sql(sql), values)
+        """Write one usage row."""
+        await self.record_usage_rows([row])
+
+    async def record_usage_rows(self, rows: list[UsageRow]) -> None:
+        """Write usage rows in one transaction (one commit for the lot)."""
+        if not rows:
+            return
+        values = [_usage_values(row) for row in rows]
+        sql = f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES ({', '.join('?' * len(values[0]))})"
+        await self._run("recording usage", _execute_many, self._backend, self._backend.sql(sql),
+                        values)  # fmt: skip
 
     async def usage_totals(self, by: str, since: float | None = None) -> list[dict[str, Any]]:
         """Totals per route, host or model (`by`), sorted by it: requests, errors (status >= 400
@@ -289,8 +296,14 @@ def _query(txn: Transaction, sql: str, args: tuple = ()) -> list[tuple]:
     return txn.fetchall()
 
 
-def _execute(txn: Transaction, sql: str, args: tuple = ()) -> None:
-    txn.execute(sql, args)
+def _usage_values(row: UsageRow) -> tuple:
+    values = astuple(row)  # fields in column order, `stream` stored as 0/1
+    return (*values[:7], int(row.stream), *values[8:])
+
+
+def _execute_many(txn: Transaction, backend: Backend, sql: str, rows: list[tuple]) -> None:
+    _begin(txn, backend)
+    txn.executemany(sql, rows)
 
 
 def _write(txn: Transaction, backend: Backend, sql: str, args: tuple = ()) -> None:

@@ -54,9 +54,12 @@ class MemoryStore:
         (self.draining.add if draining else self.draining.discard)(name)
 
     async def record_usage(self, row: UsageRow) -> None:
+        await self.record_usage_rows([row])
+
+    async def record_usage_rows(self, rows: list[UsageRow]) -> None:
         if self.fail:
             raise StoreError("injected write failure")
-        self.usage.append(row)
+        self.usage.extend(rows)
 
     async def prune(
         self, events_before: float, usage_before: float, changes_before: float = 0.0
