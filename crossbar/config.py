@@ -10,6 +10,7 @@ from attrs import field, frozen
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.testing import MemoryReactor
 
+from crossbar.backends import redact
 from crossbar.config_fields import NAME, Errors, Section, quote, type_name
 from crossbar.route import Route, Template, check_route_links, read_routes, read_templates
 
@@ -31,7 +32,7 @@ class ServerConfig:
     listen: str = "tcp:8080"
     admin_listen: str = "tcp:8081:interface=127.0.0.1"
     admin_token: str = field(default="", repr=False)
-    db: str = "crossbar.db"
+    db: str = field(default="crossbar.db", repr=redact)  # a URL's password stays out of logs
     default_route: str = ""
     lease_idle: float = 2 * 3600.0
     sweep_interval: float = 30.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from crossbar.backends import redact
 from crossbar.config import Config, HostConfig
 from crossbar.route import Route
 from crossbar.units import format_duration, format_size
@@ -53,7 +54,7 @@ def describe(config: Config) -> str:
     out = [f"config {config.path or '(in memory)'}: ok", "", "server:"]
     token = "set" if s.admin_token else "unset (loopback only)"
     out.append(f"  listen {s.listen}; admin {s.admin_listen}; admin token {token}")
-    out.append(f"  db {s.db}; default_route {s.default_route or '-'}")
+    out.append(f"  db {redact(s.db)}; default_route {s.default_route or '-'}")
     out.append(
         f"  lease_idle {format_duration(s.lease_idle)}; queue_max {s.queue_max}; "
         f"queue_timeout {format_duration(s.queue_timeout)}; max_body {format_size(s.max_body)}"

@@ -182,3 +182,15 @@ def test_a_usable_store_file_is_created_and_migrated_by_the_start_check(tmp_path
     assert store.check(str(db)) is None
     assert store.check(str(db)) is None  # and opened again without a change
     assert db.stat().st_size > 0
+
+
+def test_check_shows_a_postgresql_store_without_its_password(tmp_path, capsys):
+    path = tmp_path / "c.toml"
+    path.write_text(
+        '[server]\ndb = "postgresql://crossbar:hunter2@db.internal:5432/crossbar?sslmode=require"\n'
+        '[hosts.a]\nurl = "http://127.0.0.1:9"\nmodels = ["m"]\n'
+    )
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "db postgresql://crossbar:***@db.internal:5432/crossbar?sslmode=require;" in out
+    assert "hunter2" not in out

@@ -73,13 +73,14 @@ def test_a_host_with_a_model_table_carries_upstream_name_parallel_and_ctx():
 
 def test_secrets_stay_out_of_reprs():
     c = config(
-        server={"admin_token": "s3cret-admin"},
+        server={"admin_token": "s3cret-admin", "db": "postgresql://u:s3cret-db@db/crossbar"},
         routes={"convo": {"hosts": ["titan"], "keys": ["s3cret-client"]}},
     )
     hosts = {**HOSTS, "titan": {**HOSTS["titan"], "api_key": "s3cret-host"}}
     c2 = parse_config({"hosts": hosts})
     text = repr(c) + repr(c2)
     assert "s3cret" not in text
+    assert "postgresql://u:***@db/crossbar" in text
 
 
 def test_route_defaults_are_conversation_affinity_and_queueing():
