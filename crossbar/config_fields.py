@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -10,7 +11,14 @@ from urllib.parse import urlsplit
 from crossbar.units import parse_duration, parse_size
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MISSING = object()
+
+
+def key_path(path: str, key: str) -> str:
+    """`path.key`, with the key quoted as TOML would need it (`aliases."claude-*"`)."""
+    shown = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+    return f"{path}.{shown}" if path else shown
 
 
 def quote(value: Any) -> str:
@@ -139,6 +147,28 @@ class Section:
             return tuple(v)
 
         return self._take(key, default, check)
+
+    def string_table(self, key: str) -> tuple[tuple[str, str], ...]:
+        """A table of strings to strings, in file order; each bad entry is reported under its
+        own dotted path and left out."""
+        raw = self._data.pop(key, _MISSING)
+        if raw is _MISSING:
+            return ()
+        path = self.sub(key)
+        if not isinstance(raw, dict):
+            self.errors.add(path, f"must be a table of strings, not {type_name(raw)}")
+            return ()
+        pairs = []
+        for name, value in raw.items():
+            if not name:
+                self.errors.add(path, "has an empty key")
+            elif not isinstance(value, str) or not value:
+                self.errors.add(
+                    key_path(path, name), f"must be a non-empty string, not {quote(value)}"
+                )
+            else:
+                pairs.append((name, value))
+        return tuple(pairs)
 
     def url(self, key: str) -> str:
         def check(v: Any) -> str:

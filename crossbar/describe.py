@@ -29,6 +29,10 @@ def _route_line(config: Config, route: Route) -> str:
         f"affinity {route.affinity}",
         f"queue {'yes' if route.queues() else 'no'}",
     ]
+    if route.aliases:
+        shown = ", ".join(f"{glob} -> {model}" for glob, model in route.aliases)
+        parts.append(f"aliases {shown}")
+    parts.append(f"unknown_model {route.unknown_model}")
     if route.peers:
         parts.append(f"peers {', '.join(route.peers)}")
     parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")

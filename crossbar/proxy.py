@@ -215,7 +215,8 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {target.method} {target.path}")
         if kind is Kind.MODELS:
-            ex.status = answer_json(request, models_list(self._config.models_of(route)))
+            models = models_list(self._config.models_of(route), route.aliases)
+            ex.status = answer_json(request, models)
             return
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
@@ -239,7 +240,7 @@ class ProxyResource(Resource):
         peer = getattr(request.getClientAddress(), "host", "")
         headers, secure = request.requestHeaders, request.isSecure()
         inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
-        ex.model = model = choose_model(config, route, body, query)
+        ex.model = model = choose_model(route, config.models_of(route), body, query)
         candidates = tuple(config.hosts_for(route, model))
         ex.fp = fingerprint(header_reader(headers), body, dialect, config.server.fingerprint_chars)
         if kind is Kind.INFERENCE:

@@ -7,9 +7,10 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from crossbar.config_fields import NAME, Errors, Section, quote
+from crossbar.config_fields import NAME, Errors, Section, key_path, quote
 
 AFFINITIES = ("conversation", "route")
+UNKNOWN_MODELS = ("error", "default")
 
 
 @frozen
@@ -23,6 +24,9 @@ class Route:
     queue: bool = True
     peers: tuple[str, ...] = ()
     keys: tuple[str, ...] = field(default=(), repr=False)
+    # (glob, model) in file order: a client's model name matching the glob means that model.
+    aliases: tuple[tuple[str, str], ...] = ()
+    unknown_model: str = "error"  # or "default": serve default_model for any other name
     template: str | None = None  # the template that served it, None for a concrete route
 
     def per_route(self) -> bool:
@@ -32,6 +36,13 @@ class Route:
     def queues(self) -> bool:
         """True unless queue = false: requests wait in (and can be refused by) the limiter."""
         return self.queue
+
+    def alias(self, name: str) -> str | None:
+        """The model the first alias glob matching `name` names (file order), or None."""
+        for glob, model in self.aliases:
+            if fnmatchcase(name, glob):
+                return model
+        return None
 
 
 @frozen
@@ -66,6 +77,14 @@ def read_route_body(table: Section, name: str) -> Route:
     if affinity not in AFFINITIES:
         table.errors.add(table.sub("affinity"), 'must be "conversation" or "route"')
         affinity = "conversation"
+    unknown_model = table.string("unknown_model", "error")
+    if unknown_model not in UNKNOWN_MODELS:
+        table.errors.add(
+            table.sub("unknown_model"),
+            f'must be "error" (404 model_not_found) or "default" (serve default_model), '
+            f"not {quote(unknown_model)}",
+        )
+        unknown_model = "error"
     return Route(
         name=name,
         hosts=hosts or (),
@@ -74,6 +93,8 @@ def read_route_body(table: Section, name: str) -> Route:
         queue=table.boolean("queue", True),
         peers=table.string_list("peers"),
         keys=table.string_list("keys"),
+        aliases=table.string_table("aliases"),
+        unknown_model=unknown_model,
     )
 
 
@@ -111,20 +132,39 @@ def check_route_links(
     errors: Errors,
     path: str,
     route: Route,
-    host_models: dict[str, set[str]],
+    host_models: dict[str, set[str] | None],
     route_exists: Any,
 ) -> None:
-    """Check a route's references: hosts, default model, peers."""
+    """Check a route's references: hosts, default model, aliases, peers. A host whose models
+    are discovered (None in `host_models`) may serve anything: names it could serve pass."""
     for host in route.hosts:
         if host not in host_models:
             errors.add(f"{path}.hosts", f"unknown host {quote(host)}")
     if len(set(route.hosts)) != len(route.hosts):
         errors.add(f"{path}.hosts", "names a host twice")
-    served = set().union(*(host_models.get(h, set()) for h in route.hosts))
-    if route.default_model and served and route.default_model not in served:
+    known = [host_models[h] for h in route.hosts if h in host_models]
+    served: set[str] = set().union(*(m for m in known if m is not None))
+    discovered = any(m is None for m in known)
+
+    def unserved(model: str) -> bool:
+        return bool(served) and not discovered and model not in served
+
+    if route.default_model and unserved(route.default_model):
         errors.add(
             f"{path}.default_model",
             f"{quote(route.default_model)} is served by none of the route's hosts",
+        )
+    for glob, model in route.aliases:
+        if unserved(model):
+            errors.add(
+                key_path(f"{path}.aliases", glob),
+                f"{quote(model)} is served by none of the route's hosts "
+                f"(they serve {', '.join(sorted(served))})",
+            )
+    if route.unknown_model == "default" and not route.default_model:
+        errors.add(
+            f"{path}.unknown_model",
+            '"default" needs the route\'s default_model (the model to serve instead)',
         )
     for peer in route.peers:
         if not route_exists(peer):

@@ -104,9 +104,11 @@ def renamed_body(body: Any, model: ModelConfig | None) -> Any:
 
 def renamed_query(query: str, model: ModelConfig | None) -> str:
     """`?model=` names the model the host's way too, like the body's "model"."""
-    if not query or model is None or not model.upstream or "model=" not in query:
+    if not query or model is None or "model=" not in query:
         return query
     pairs = parse_qsl(query, keep_blank_values=True)
+    if all(v == model.upstream_name for k, v in pairs if k == "model"):
+        return query  # already the host's name (an alias or upstream name is renamed)
     return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
 
 
