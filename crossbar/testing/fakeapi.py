@@ -12,6 +12,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from crossbar.testing.fakeanthropic import anthropic_messages
 from crossbar.testing.fakegen import KINDS, infer
 from crossbar.testing.fakehttp import (
     ApiError,
@@ -59,6 +60,7 @@ class FakeApi(Resource):
             "/apply-template": self._apply_template,
             "/v1/chat/completions/input_tokens": self._input_tokens,
             "/v1/responses/input_tokens": self._input_tokens,
+            "/v1/messages/count_tokens": self._input_tokens,
             "/v1/chat/completions/control": self._control,
         }
 
@@ -214,6 +216,8 @@ class FakeApi(Resource):
         try:
             if request.path == b"/v1/responses/input_tokens":
                 messages = responses_messages(body.get("instructions"), body.get("input"))
+            elif request.path == b"/v1/messages/count_tokens":
+                messages = anthropic_messages(body.get("system"), body.get("messages"))
             else:
                 messages = body.get("messages")
             return render_chat(messages)
