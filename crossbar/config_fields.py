@@ -194,3 +194,19 @@ class Section:
         """Report every key nobody took as unknown."""
         for key in self._data:
             self.errors.add(self.sub(key), "unknown key")
+
+
+def origin_error(value: str) -> str | None:
+    """Why `value` is not a `cors_origins` entry (`*`, or `scheme://host[:port]`), or None."""
+    if value == "*":
+        return None
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return f'"{value}" has a bad port'
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f'"{value}" is not an origin: use scheme://host[:port] (or "*" for any)'
+    if parts.path or parts.query or parts.fragment or parts.username is not None:
+        return f'"{value}" is not an origin: no path, query or user (browsers send none)'
+    return None

@@ -33,6 +33,8 @@ def _route_line(config: Config, route: Route) -> str:
         shown = ", ".join(f"{glob} -> {model}" for glob, model in route.aliases)
         parts.append(f"aliases {shown}")
     parts.append(f"unknown_model {route.unknown_model}")
+    if route.cors_origins:
+        parts.append(f"cors {', '.join(route.cors_origins)}")
     if route.peers:
         parts.append(f"peers {', '.join(route.peers)}")
     parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")

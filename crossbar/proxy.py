@@ -19,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from crossbar import cors
 from crossbar.answers import answer_json, models_list, route_health
 from crossbar.config import Config
 from crossbar.dialects import OPENAI_CHAT, Dialect, Kind, classify
@@ -192,6 +193,10 @@ class ProxyResource(Resource):
             dialect, kind = classify(method, path)
             ex.path = path
             route = resolve_route(self._config, name)
+            cors.mark(request, route, header)
+            if method == "OPTIONS" and route.cors_origins:
+                cors.preflight(request, route, header)  # crossbar's own: no lease, no row
+                return
             ex.route = route.name
             await self._handle(request, ex, Target(route, dialect, kind, method, path))
         except ClientError as e:

@@ -7,7 +7,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from crossbar.config_fields import NAME, Errors, Section, key_path, quote
+from crossbar.config_fields import NAME, Errors, Section, key_path, origin_error, quote
 
 AFFINITIES = ("conversation", "route")
 UNKNOWN_MODELS = ("error", "default")
@@ -27,6 +27,7 @@ class Route:
     # (glob, model) in file order: a client's model name matching the glob means that model.
     aliases: tuple[tuple[str, str], ...] = ()
     unknown_model: str = "error"  # or "default": serve default_model for any other name
+    cors_origins: tuple[str, ...] = ()  # browser origins that may call it ("*": any); () off
     template: str | None = None  # the template that served it, None for a concrete route
 
     def per_route(self) -> bool:
@@ -95,7 +96,22 @@ def read_route_body(table: Section, name: str) -> Route:
         keys=table.string_list("keys"),
         aliases=table.string_table("aliases"),
         unknown_model=unknown_model,
+        cors_origins=_read_origins(table),
     )
+
+
+def _read_origins(table: Section) -> tuple[str, ...]:
+    good = []
+    for i, origin in enumerate(table.string_list("cors_origins")):
+        origin = origin if origin == "*" else origin.removesuffix("/")  # as browsers send it
+        why = origin_error(origin)
+        if why is not None:
+            table.errors.add(f"{table.sub('cors_origins')}[{i}]", why)
+        else:
+            good.append(origin)
+    if "*" in good and len(good) > 1:
+        table.errors.add(table.sub("cors_origins"), '"*" allows every origin: list it alone')
+    return tuple(good)
 
 
 def read_routes(errors: Errors, data: Any) -> dict[str, Route]:

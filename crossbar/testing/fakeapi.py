@@ -68,6 +68,14 @@ class FakeApi(Resource):
         path = request.path.decode("utf-8", "replace")
         if not path.startswith("/_fake/"):
             self._fake.counters.requests[path] += 1
+        # llama-server's default CORS: every origin, and OPTIONS answered before anything else.
+        request.setHeader(b"access-control-allow-origin", b"*")
+        if request.method == b"OPTIONS":
+            request.setHeader(b"access-control-allow-credentials", b"false")
+            request.setHeader(b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS")
+            request.setHeader(b"access-control-allow-headers", b"*")
+            send_text(request, "", b"text/html")
+            return NOT_DONE_YET
         d = Deferred.fromCoroutine(self._respond(request, path))
         self._active[request] = d
         request.notifyFinish().addErrback(self._lost, request, d)
