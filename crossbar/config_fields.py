@@ -76,6 +76,10 @@ class Section:
     def has(self, key: str) -> bool:
         return key in self._data
 
+    def peek(self, key: str) -> Any:
+        """The value of `key` (None when missing), left to be taken."""
+        return self._data.get(key)
+
     def raw(self, key: str, default: Any = _MISSING) -> Any:
         return self._data.pop(key, default)
 

@@ -13,6 +13,11 @@ def _slots(value: int | None) -> str:
 
 def _host_lines(host: HostConfig) -> list[str]:
     lines = [f"  {host.name}  {host.url}" + ("  (api_key set)" if host.api_key else "")]
+    if host.discover:
+        lines.append(
+            f"    models discovered from GET /models: parallel {_slots(host.parallel)}, "
+            f"ctx {_slots(host.ctx)} each"
+        )
     for m in host.models:
         upstream = f" -> {m.upstream}" if m.upstream else ""
         lines.append(
@@ -22,9 +27,12 @@ def _host_lines(host: HostConfig) -> list[str]:
 
 
 def _route_line(config: Config, route: Route) -> str:
+    models = config.models_of(route)
+    if any(config.hosts[h].discover for h in route.hosts if h in config.hosts):
+        models.append("(and what the discovering hosts list)")
     parts = [
         f"hosts {', '.join(route.hosts)}",
-        f"models {', '.join(config.models_of(route))}",
+        f"models {', '.join(models) or '-'}",
         f"default_model {route.default_model or '-'}",
         f"affinity {route.affinity}",
         f"queue {'yes' if route.queues() else 'no'}",

@@ -220,7 +220,8 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {target.method} {target.path}")
         if kind is Kind.MODELS:
-            models = models_list(self._config.models_of(route), route.aliases)
+            served = self._config.models_of(route, self._hosts.models)
+            models = models_list(served, route.aliases)
             ex.status = answer_json(request, models)
             return
         if kind is Kind.HEALTH:
@@ -245,8 +246,9 @@ class ProxyResource(Resource):
         peer = getattr(request.getClientAddress(), "host", "")
         headers, secure = request.requestHeaders, request.isSecure()
         inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
-        ex.model = model = choose_model(route, config.models_of(route), body, query)
-        candidates = tuple(config.hosts_for(route, model))
+        served = self._hosts.models
+        ex.model = model = choose_model(route, config.models_of(route, served), body, query)
+        candidates = tuple(config.hosts_for(route, model, served))
         ex.fp = fingerprint(header_reader(headers), body, dialect, config.server.fingerprint_chars)
         if kind is Kind.INFERENCE:
             ex.prompt_chars = dialect.prompt_chars(body)
@@ -284,7 +286,8 @@ class ProxyResource(Resource):
                     continue
                 raise unavailable(f"host {host} was removed from the config; try again", 1)
             try:
-                response = await self._upstream.send(prepare(host_config, call.model, call.inbound))
+                model = self._hosts.model(host, call.model)
+                response = await self._upstream.send(prepare(host_config, model, call.inbound))
             except UpstreamFailure as failure:
                 release()
                 ex.error = f"upstream {failure.reason}"
@@ -339,7 +342,7 @@ class ProxyResource(Resource):
         host_config = self._config.hosts.get(host)
         if host_config is None:
             return
-        body = renamed_body(call.inbound.body, host_config.model(call.model))
+        body = renamed_body(call.inbound.body, self._hosts.model(host, call.model))
 
         async def count() -> int | None:
             return await self._upstream.count_tokens(host_config, call.dialect, body)

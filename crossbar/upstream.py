@@ -133,12 +133,15 @@ def forwarded_headers(inbound: Inbound, api_key: str) -> Headers:
     return out
 
 
-def prepare(host: HostConfig, model: str, inbound: Inbound) -> Outgoing:
-    """The request `host` gets for a client's `inbound` request for `model`."""
-    m = host.model(model)
+def prepare(host: HostConfig, m: ModelConfig | None, inbound: Inbound) -> Outgoing:
+    """The request `host` gets for a client's `inbound` request for model `m` (as the host
+    serves it now). A router-mode host is told the model of a GET too (`?model=`): without
+    it, `/slots` and `/metrics` are refused and `/props` describes the router itself."""
     body = renamed_body(inbound.body, m)
     raw = inbound.raw if body is inbound.body else json.dumps(body).encode()
     query = renamed_query(inbound.query, m)
+    if host.discover and m is not None and inbound.method == "GET" and "model=" not in query:
+        query = "&".join(q for q in (query, urlencode({"model": m.upstream_name})) if q)
     url = (host.url + inbound.path + (f"?{query}" if query else "")).encode()
     payload = raw if (raw or inbound.method == "POST") else None
     return Outgoing(inbound.method.encode(), url, forwarded_headers(inbound, host.api_key), payload)
