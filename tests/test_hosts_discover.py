@@ -112,3 +112,18 @@ def test_discover_is_the_only_word_models_takes_and_routes_may_name_what_it_will
         }
     )
     assert routed.hosts["titan"].discover and routed.hosts["titan"].models == ()
+
+
+def test_check_describes_a_discovering_host_and_what_its_routes_may_serve():
+    from crossbar.describe import describe
+
+    text = describe(
+        parse_config(
+            {
+                "hosts": {"titan": {"url": TITAN, "models": "discover", "ctx": 8192}},
+                "routes": {"convo": {"hosts": ["titan"]}},
+            }
+        )
+    )
+    assert "    models discovered from GET /models: parallel from /props, ctx 8192 each" in text
+    assert "convo: hosts titan; models (and what the discovering hosts list)" in text
