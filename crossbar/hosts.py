@@ -55,11 +55,11 @@ class NoSuchHost(KeyError):
 class _Host:
     config: HostConfig
     health: Health = field(factory=Health)
-    catalog: Catalog = field(default=None)
+    catalog: Catalog = field()
 
-    def __attrs_post_init__(self) -> None:
-        if self.catalog is None:
-            self.catalog = Catalog(self.config)
+    @catalog.default
+    def _catalog(self) -> Catalog:
+        return Catalog(self.config)
 
 
 class Hosts:
