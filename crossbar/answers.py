@@ -10,9 +10,24 @@ from crossbar.hosts import Hosts
 from crossbar.route import Route
 
 
-def models_list(models: list[str]) -> dict[str, Any]:
-    """The route's models in OpenAI's list format."""
-    data = [{"id": m, "object": "model", "created": 0, "owned_by": "crossbar"} for m in models]
+def models_list(models: list[str], aliases: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """The route's models in OpenAI's list format, then its aliases (`"kind": "alias"`, and
+    the model each means in `alias_of`; a glob alias keeps its glob as its id)."""
+    data = [
+        {"id": m, "object": "model", "created": 0, "owned_by": "crossbar", "kind": "model"}
+        for m in models
+    ]
+    for glob, model in aliases:
+        data.append(
+            {
+                "id": glob,
+                "object": "model",
+                "created": 0,
+                "owned_by": "crossbar",
+                "kind": "alias",
+                "alias_of": model,
+            }
+        )
     return {"object": "list", "data": data}
 
 

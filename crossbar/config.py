@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from crossbar.config_fields import NAME, Errors, Section, quote, type_name
 from crossbar.route import Route, Template, check_route_links, read_routes, read_templates
 
 _DAY = 86400.0
+DISCOVER = "discover"
 
 
 class ConfigError(Exception):
@@ -70,14 +72,24 @@ class ModelConfig:
         return self.upstream or self.name
 
 
+# A host's models as they are now: configured, or discovered (hosts.Hosts.models).
+Served = Callable[[str], "tuple[ModelConfig, ...]"]
+
+
 @frozen
 class HostConfig:
-    """`[hosts.<name>]`: one llama-server endpoint and the models it serves."""
+    """`[hosts.<name>]`: one llama-server endpoint and the models it serves. With
+    `discover` (`models = "discover"`) the models are what the host's `GET /models` lists
+    (a router-mode llama-server), `models` is empty, and `parallel`/`ctx` are the defaults
+    of every discovered model."""
 
     name: str
     url: str
     models: tuple[ModelConfig, ...]
     api_key: str = field(default="", repr=False)
+    discover: bool = False
+    parallel: int | None = None
+    ctx: int | None = None
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
@@ -112,17 +124,24 @@ class Config:
                 return template.resolve(name)
         return None
 
-    def models_of(self, route: Route) -> list[str]:
-        """Every model some host of the route serves, in host then model order."""
+    def models_of(self, route: Route, served: Served | None = None) -> list[str]:
+        """Every model some host of the route serves, in host then model order. `served`
+        gives a host's models as they are now (discovered ones included); without it, the
+        configured ones."""
+        served = served or self._configured
         seen: dict[str, None] = {}
         for host in route.hosts:
-            for m in self.hosts[host].models:
+            for m in served(host):
                 seen.setdefault(m.name, None)
         return list(seen)
 
-    def hosts_for(self, route: Route, model: str) -> list[str]:
+    def hosts_for(self, route: Route, model: str, served: Served | None = None) -> list[str]:
         """The route's candidate hosts that serve `model`, in preference order."""
-        return [h for h in route.hosts if self.hosts[h].model(model) is not None]
+        served = served or self._configured
+        return [h for h in route.hosts if any(m.name == model for m in served(h))]
+
+    def _configured(self, host: str) -> tuple[ModelConfig, ...]:
+        return self.hosts[host].models
 
 
 def _read_server(errors: Errors, data: Any) -> ServerConfig:
@@ -172,9 +191,14 @@ def _check_endpoint(errors: Errors, path: str, description: str) -> None:
 def _read_models(t: Section, parallel: int | None, ctx: int | None) -> tuple[ModelConfig, ...]:
     path = t.sub("models")
     if not t.has("models"):
-        t.errors.add(path, "missing (a list of model names, or a table per model)")
+        t.errors.add(path, 'missing (a list of model names, a table per model, or "discover")')
         return ()
     raw = t.raw("models")
+    if isinstance(raw, str):
+        if raw != DISCOVER:
+            t.errors.add(path, f'must be an array of names, a table per model, or "discover", '
+                         f"not {quote(raw)}")  # fmt: skip
+        return ()
     models: list[ModelConfig] = []
     if isinstance(raw, list):
         for i, name in enumerate(raw):
@@ -195,7 +219,10 @@ def _read_models(t: Section, parallel: int | None, ctx: int | None) -> tuple[Mod
             )
             mt.finish()
     else:
-        t.errors.add(path, f"must be an array of names or a table per model, not {type_name(raw)}")
+        t.errors.add(
+            path,
+            f'must be an array of names, a table per model, or "discover", not {type_name(raw)}',
+        )
         return ()
     if not models and not t.errors:
         t.errors.add(path, "must name at least one model")
@@ -232,9 +259,10 @@ def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
         api_key = t.string("api_key")
         parallel = t.integer("parallel", None)
         ctx = t.integer("ctx", None)
+        discover = t.peek("models") == DISCOVER
         models = _read_models(t, parallel, ctx)
         t.finish()
-        hosts[name] = HostConfig(name=name, url=url, models=models, api_key=api_key)
+        hosts[name] = HostConfig(name, url, models, api_key, discover, parallel, ctx)
     return hosts
 
 
@@ -250,7 +278,9 @@ def parse_config(data: dict[str, Any], path: str = "") -> Config:
     config = Config(server, hosts, routes, tuple(templates), path)
     if not hosts:
         errors.add("hosts", "no hosts configured (add a [hosts.<name>] table)")
-    host_models = {name: set(h.model_names) for name, h in hosts.items()}
+    host_models: dict[str, set[str] | None] = {
+        name: None if h.discover else set(h.model_names) for name, h in hosts.items()
+    }
 
     def exists(name: str) -> bool:
         return config.route(name) is not None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable
@@ -11,7 +12,14 @@ from urllib.parse import urlsplit
 from crossbar.units import parse_duration, parse_size
 
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MISSING = object()
+
+
+def key_path(path: str, key: str) -> str:
+    """`path.key`, with the key quoted as TOML would need it (`aliases."claude-*"`)."""
+    shown = key if _BARE_KEY.fullmatch(key) else json.dumps(key)
+    return f"{path}.{shown}" if path else shown
 
 
 def quote(value: Any) -> str:
@@ -68,6 +76,10 @@ class Section:
 
     def has(self, key: str) -> bool:
         return key in self._data
+
+    def peek(self, key: str) -> Any:
+        """The value of `key` (None when missing), left to be taken."""
+        return self._data.get(key)
 
     def raw(self, key: str, default: Any = _MISSING) -> Any:
         return self._data.pop(key, default)
@@ -161,6 +173,28 @@ class Section:
 
         return self._take(key, default, check)
 
+    def string_table(self, key: str) -> tuple[tuple[str, str], ...]:
+        """A table of strings to strings, in file order; each bad entry is reported under its
+        own dotted path and left out."""
+        raw = self._data.pop(key, _MISSING)
+        if raw is _MISSING:
+            return ()
+        path = self.sub(key)
+        if not isinstance(raw, dict):
+            self.errors.add(path, f"must be a table of strings, not {type_name(raw)}")
+            return ()
+        pairs = []
+        for name, value in raw.items():
+            if not name:
+                self.errors.add(path, "has an empty key")
+            elif not isinstance(value, str) or not value:
+                self.errors.add(
+                    key_path(path, name), f"must be a non-empty string, not {quote(value)}"
+                )
+            else:
+                pairs.append((name, value))
+        return tuple(pairs)
+
     def url(self, key: str) -> str:
         def check(v: Any) -> str:
             if not isinstance(v, str):
@@ -185,3 +219,19 @@ class Section:
         """Report every key nobody took as unknown."""
         for key in self._data:
             self.errors.add(self.sub(key), "unknown key")
+
+
+def origin_error(value: str) -> str | None:
+    """Why `value` is not a `cors_origins` entry (`*`, or `scheme://host[:port]`), or None."""
+    if value == "*":
+        return None
+    parts = urlsplit(value)
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return f'"{value}" has a bad port'
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return f'"{value}" is not an origin: use scheme://host[:port] (or "*" for any)'
+    if parts.path or parts.query or parts.fragment or parts.username is not None:
+        return f'"{value}" is not an origin: no path, query or user (browsers send none)'
+    return None

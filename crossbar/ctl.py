@@ -290,13 +290,41 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--since", help='a duration ("24h") or seconds since the epoch')
     cmd("instances", _instances, "the crossbar instances sharing this one's store")
     cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
+    text = "a refreshing view: hosts' slots and queues, requests/s and cache hits per route, moves"
+    p = cmds.add_parser("top", parents=[common], help=text, description=text + "; q quits")
+    p.set_defaults(func=_top)
+    p.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes")
+    p.add_argument(
+        "--window", type=_seconds, default=60.0, help="seconds of traffic requests/s cover"
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 86400 * 30:
+        raise argparse.ArgumentTypeError(f"give a number of seconds above 0, not {text!r}")
+    return value
+
+
+def _top(args: argparse.Namespace) -> int:
+    from crossbar import top  # it builds on this module
+
+    return top.run(_client(args), args.interval, args.window, args.once)
+
+
+def _client(args: argparse.Namespace) -> AdminClient:
+    base = getattr(args, "admin", None) or os.environ.get("CROSSBAR_ADMIN") or DEFAULT_ADMIN
+    token = getattr(args, "token", None) or os.environ.get("CROSSBAR_ADMIN_TOKEN", "")
+    return AdminClient(base, token)
 
 
 def run(args: argparse.Namespace) -> int:
     """Run one ctl subcommand; 0 on success, 1 (and one line on stderr) on failure."""
-    base = getattr(args, "admin", None) or os.environ.get("CROSSBAR_ADMIN") or DEFAULT_ADMIN
-    token = getattr(args, "token", None) or os.environ.get("CROSSBAR_ADMIN_TOKEN", "")
-    client = AdminClient(base, token)
+    client = _client(args)
     try:
         answer, text = args.ctl(client, args)
     except CtlError as e:

@@ -14,6 +14,11 @@ def _slots(value: int | None) -> str:
 
 def _host_lines(host: HostConfig) -> list[str]:
     lines = [f"  {host.name}  {host.url}" + ("  (api_key set)" if host.api_key else "")]
+    if host.discover:
+        lines.append(
+            f"    models discovered from GET /models: parallel {_slots(host.parallel)}, "
+            f"ctx {_slots(host.ctx)} each"
+        )
     for m in host.models:
         upstream = f" -> {m.upstream}" if m.upstream else ""
         lines.append(
@@ -35,13 +40,22 @@ def _queue_share(config: Config, route: Route) -> str:
 
 
 def _route_line(config: Config, route: Route) -> str:
+    models = config.models_of(route)
+    if any(config.hosts[h].discover for h in route.hosts if h in config.hosts):
+        models.append("(and what the discovering hosts list)")
     parts = [
         f"hosts {', '.join(route.hosts)}",
-        f"models {', '.join(config.models_of(route))}",
+        f"models {', '.join(models) or '-'}",
         f"default_model {route.default_model or '-'}",
         f"affinity {route.affinity}",
         f"queue {_queue_share(config, route)}" if route.queues() else "queue no",
     ]
+    if route.aliases:
+        shown = ", ".join(f"{glob} -> {model}" for glob, model in route.aliases)
+        parts.append(f"aliases {shown}")
+    parts.append(f"unknown_model {route.unknown_model}")
+    if route.cors_origins:
+        parts.append(f"cors {', '.join(route.cors_origins)}")
     if route.peers:
         parts.append(f"peers {', '.join(route.peers)}")
     parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")

@@ -57,6 +57,8 @@ class ClientError(Exception):
         if shape is ErrorShape.ANTHROPIC:
             if self.status == 413:
                 kind = "request_too_large"
+            elif self.status in (500, 502, 504):
+                kind = "api_error"  # Anthropic's overloaded_error means "try later": 503 only
             else:
                 kind = _ANTHROPIC_TYPES.get(self.type, "api_error")
             return {"type": "error", "error": {"type": kind, "message": self.message}}

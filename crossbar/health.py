@@ -8,7 +8,7 @@ answers (or hangs) on a `Clock`.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -20,7 +20,7 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 
-from crossbar.config import HostConfig
+from crossbar.config import HostConfig, ModelConfig
 from crossbar.upstream import authorization
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
@@ -151,18 +151,23 @@ class Prober:
             return Probe(self.clock.seconds(), True, "status 200")
         return Probe(self.clock.seconds(), False, _redact(status_reason(status, body), host))
 
-    async def read_props(self, host: HostConfig) -> tuple[dict[str, Props], dict[str, str]]:
-        """Read `/props` for each model whose `parallel` or `ctx` the config leaves unset.
+    async def read_props(
+        self, host: HostConfig, models: Sequence[ModelConfig]
+    ) -> tuple[dict[str, Props], dict[str, str]]:
+        """Read `/props` for each of `models` (those whose `parallel` or `ctx` the config
+        leaves unset). A host with several models is a router-mode llama-server: each is
+        asked for with `?model=`, and a discovering host's with `&autoload=false` too (reading
+        the settings of a model must never load it).
 
         Returns what was found and why the others failed, both by model name.
         """
         found: dict[str, Props] = {}
         failed: dict[str, str] = {}
-        for m in host.models:
-            if m.parallel is not None and m.ctx is not None:
-                continue
-            # A router-mode llama-server serves several models; /props?model= asks the right one.
-            query = "" if len(host.models) == 1 else "?model=" + quote(m.upstream_name, safe="")
+        for m in models:
+            query = ""
+            if host.discover or len(host.models) > 1:
+                query = "?model=" + quote(m.upstream_name, safe="")
+                query += "&autoload=false" if host.discover else ""
             try:
                 status, body = await self.fetch(host, "/props" + query)
             except CancelledError:
@@ -177,6 +182,16 @@ class Prober:
             except ValueError as e:
                 failed[m.name] = str(e)
         return found, failed
+
+    async def list_models(self, host: HostConfig) -> dict[str, str]:
+        """What a host's `GET /models` lists: model id -> state (a router-mode llama-server
+        says `loaded`, `unloaded`, `loading`, `sleeping`, `downloading`, or `failed` for an
+        unloaded one that failed to load; a single-model server lists its model without one:
+        `loaded`). Raises ValueError (or the request's error) saying why it could not."""
+        status, body = await self.fetch(host, "/models")
+        if status != 200:
+            raise ValueError(_redact(status_reason(status, body), host))
+        return parse_models(body)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -220,6 +235,28 @@ def parse_props(body: bytes) -> Props:
     settings = data.get("default_generation_settings")
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
     return Props(total_slots=_positive(data.get("total_slots")), n_ctx=_positive(n_ctx))
+
+
+def parse_models(body: bytes) -> dict[str, str]:
+    """Model id -> state from a `GET /models` answer (see `Prober.list_models`)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("/models is not JSON") from None
+    listed = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        raise ValueError('/models has no "data" list')
+    models: dict[str, str] = {}
+    for entry in listed:
+        name = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name:
+            continue
+        status = entry.get("status")
+        state = status.get("value") if isinstance(status, dict) else None
+        if isinstance(status, dict) and status.get("failed"):
+            state = "failed"
+        models[name] = state if isinstance(state, str) and state else "loaded"
+    return models
 
 
 def _positive(value: Any) -> int | None:

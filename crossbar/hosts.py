@@ -6,7 +6,9 @@ connection error is bad. `unhealthy_after` bad probes in a row flip a healthy ho
 `healthy_after` good ones flip it back; the proxy's `passive_failure` flips it at once. After a
 good probe, `/props` is read (until it has succeeded once, and again after the host was down, as
 a restarted llama-server may have other settings) for `total_slots` and `n_ctx` where the config
-leaves `parallel`/`ctx` unset.
+leaves `parallel`/`ctx` unset. A host with `models = "discover"` has its `GET /models` read after
+every good probe (a router-mode llama-server loads and unloads models as it goes), and `/props`
+of each model once it is loaded (catalog.py).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
+from crossbar.catalog import Catalog
 from crossbar.config import Config, HostConfig, ModelConfig
-from crossbar.health import Getter, Health, Prober, Props, build_client, treq_getter
+from crossbar.health import Getter, Health, Prober, build_client, failure_reason, treq_getter
 from crossbar.host_status import host_status
 
 Listener = Callable[[str, str], None]
@@ -52,8 +55,11 @@ class NoSuchHost(KeyError):
 class HostEntry:
     config: HostConfig
     health: Health = field(factory=Health)
-    discovered: dict[str, Props] = field(factory=dict)
-    discovery_done: bool = False
+    catalog: Catalog = field()
+
+    @catalog.default
+    def _catalog(self) -> Catalog:
+        return Catalog(self.config)
 
 
 class Hosts:
@@ -101,26 +107,27 @@ class Hosts:
     def draining(self, name: str) -> bool:
         return name in self._draining
 
+    def models(self, name: str) -> tuple[ModelConfig, ...]:
+        """The models the host serves now: configured, or (`models = "discover"`) what its
+        `GET /models` last listed; none for a host the config does not have."""
+        host = self._hosts.get(name)
+        return host.catalog.models() if host is not None else ()
+
+    def model(self, name: str, model: str) -> ModelConfig | None:
+        """The host's `model`, if it serves it now."""
+        host = self._hosts.get(name)
+        return host.catalog.model(model) if host is not None else None
+
     def parallel(self, name: str, model: str) -> int:
         """Slots: configured, else discovered `total_slots`, else 1 (also for unknown pairs,
         which the limiter may still ask about while requests drain after a reload)."""
-        host, m = self._model(name, model)
-        if m is None or host is None:
-            return 1
-        if m.parallel is not None:
-            return m.parallel
-        props = host.discovered.get(model)
-        return props.total_slots if props and props.total_slots else 1
+        host = self._hosts.get(name)
+        return host.catalog.parallel(model) if host is not None else 1
 
     def ctx(self, name: str, model: str) -> int | None:
         """Tokens per slot: configured, else discovered `n_ctx`, else None (unknown)."""
-        host, m = self._model(name, model)
-        if m is None or host is None:
-            return None
-        if m.ctx is not None:
-            return m.ctx
-        props = host.discovered.get(model)
-        return props.n_ctx if props else None
+        host = self._hosts.get(name)
+        return host.catalog.ctx(model) if host is not None else None
 
     @property
     def flips(self) -> dict[str, int]:
@@ -129,7 +136,7 @@ class Hosts:
 
     def status(self) -> list[dict[str, Any]]:
         """Every host for the admin API, in config order. Never includes the api key."""
-        return [host_status(self, name, h) for name, h in self._hosts.items()]
+        return [host_status(name, h, name in self._draining) for name, h in self._hosts.items()]
 
     # -- draining
 
@@ -233,9 +240,9 @@ class Hosts:
                 self._log.info("host {host} added", host=name)
             elif host.config != new:
                 if host.config.url != new.url:
-                    host.discovered.clear()
                     host.health.epoch += 1
-                host.discovery_done = False  # models or their settings may have changed
+                # Models or their settings may have changed: what a new URL said is unknown.
+                host.catalog = host.catalog.reconfigured(new)
                 host.config = new
             hosts[name] = host
         for name in self._hosts.keys() - hosts.keys():
@@ -255,15 +262,11 @@ class Hosts:
             raise NoSuchHost(name)
         return host
 
-    def _model(self, name: str, model: str) -> tuple[HostEntry | None, ModelConfig | None]:
-        host = self._hosts.get(name)
-        return (host, None) if host is None else (host, host.config.model(model))
-
     def _parallels(self) -> dict[tuple[str, str], int]:
         return {
-            (name, m.name): self.parallel(name, m.name)
+            (name, m.name): host.catalog.parallel(m.name)
             for name, host in self._hosts.items()
-            for m in host.config.models
+            for m in host.catalog.models()
         }
 
     def _notify(self, before: Mapping[tuple[str, str], int]) -> None:
@@ -315,7 +318,7 @@ class Hosts:
         server = self._config.server
         if host.health.record(probe, server.unhealthy_after, server.healthy_after):
             self._flipped(name, host)
-        if probe.ok and not host.discovery_done:
+        if probe.ok and (host.config.discover or host.catalog.wanting_props()):
             await self._discover(name, host)
 
     def _flipped(self, name: str, host: HostEntry) -> None:
@@ -324,14 +327,32 @@ class Hosts:
             self._log.info("host {host} is healthy again: {reason}", host=name, reason=reason)
         else:
             # It may come back restarted with other settings: read /props again then.
-            host.discovery_done = False
+            host.catalog.props_done = False
             self._log.warn("host {host} is unhealthy: {reason}", host=name, reason=reason)
 
     async def _discover(self, name: str, host: HostEntry) -> None:
-        before, url = self._parallels(), host.config.url
-        found, failed = await self._prober().read_props(host.config)
-        if self._hosts.get(name) is not host or host.config.url != url:
-            return  # removed or moved by a reload meanwhile
+        before, catalog = self._parallels(), host.catalog
+        if host.config.discover:
+            try:
+                listed = await self._prober().list_models(host.config)
+            except CancelledError:
+                raise
+            except Exception as e:
+                # What the host listed before stays: a failed read is no news of its models.
+                why = str(e) if isinstance(e, ValueError) else failure_reason(e)
+                self._log.warn("host {host}: cannot read /models: {why}", host=name, why=why)
+                return
+            if self._hosts.get(name) is not host or host.catalog is not catalog:
+                return  # removed or reconfigured by a reload meanwhile
+            if catalog.take_listing(listed):
+                self._log.info(
+                    "host {host} serves {models}",
+                    host=name,
+                    models=", ".join(f"{m} ({state})" for m, state in listed.items()) or "nothing",
+                )
+        found, failed = await self._prober().read_props(host.config, catalog.wanting_props())
+        if self._hosts.get(name) is not host or host.catalog is not catalog:
+            return  # removed or reconfigured by a reload meanwhile
         for model, why in failed.items():
             self._log.warn(
                 "host {host}: cannot read /props for {model}: {why}",
@@ -340,7 +361,6 @@ class Hosts:
                 why=why,
             )
         for model, props in found.items():
-            host.discovered[model] = props
             self._log.info(
                 "host {host} model {model}: /props says total_slots={slots}, n_ctx={n_ctx}",
                 host=name,
@@ -348,7 +368,7 @@ class Hosts:
                 slots=props.total_slots,
                 n_ctx=props.n_ctx,
             )
-        host.discovery_done = not failed
+        catalog.take_props(found, failed)
         self._notify(before)
 
     def _prober(self) -> Prober:

@@ -153,7 +153,7 @@ class Metrics:
         config = self.config
         route = row.route if config.route(row.route) is not None else UNKNOWN
         host = row.host if row.host in config.hosts else ("" if not row.host else UNKNOWN)
-        served = any(h.model(row.model) is not None for h in config.hosts.values())
+        served = any(self.hosts.model(h, row.model) is not None for h in config.hosts)
         model = row.model if served else ("" if not row.model else UNKNOWN)
         return route, host, model
 
@@ -226,7 +226,7 @@ class _Live:
 
 def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
     counted = {(s.host, s.model): s for s in limiter.snapshot()}
-    configured = [(n, m) for n, h in config.hosts.items() for m in h.model_names]
+    configured = [(n, m.name) for n in config.hosts for m in hosts.models(n)]
     pairs = configured + sorted(counted.keys() - set(configured))  # + hosts just removed
     pair = ["host", "model"]
     gauges = {
@@ -287,9 +287,9 @@ def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
     leases = GaugeMetricFamily(
         "crossbar_leases", "Leases held per host and model.", labels=["host", "model"]
     )
-    for name, host in config.hosts.items():
-        for model in host.model_names:
-            leases.add_metric([name, model], table.count(name, model))
+    for name in config.hosts:
+        for model in hosts.models(name):
+            leases.add_metric([name, model.name], table.count(name, model.name))
     pins = GaugeMetricFamily("crossbar_pins", "Routes pinned to each host.", labels=["host"])
     pinned: dict[str, int] = defaultdict(int)
     for host in table.pins().values():

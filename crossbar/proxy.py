@@ -19,6 +19,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
+from crossbar import cors
 from crossbar.answers import answer_json, models_list, route_health
 from crossbar.config import Config
 from crossbar.dialects import OPENAI_CHAT, Dialect, Kind, classify
@@ -192,6 +193,10 @@ class ProxyResource(Resource):
             dialect, kind = classify(method, path)
             ex.path = path
             route = resolve_route(self._config, name)
+            cors.mark(request, route, header)
+            if method == "OPTIONS" and route.cors_origins:
+                cors.preflight(request, route, header)  # crossbar's own: no lease, no row
+                return
             ex.route = route.name
             await self._handle(request, ex, Target(route, dialect, kind, method, path))
         except ClientError as e:
@@ -215,7 +220,9 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {target.method} {target.path}")
         if kind is Kind.MODELS:
-            ex.status = answer_json(request, models_list(self._config.models_of(route)))
+            served = self._config.models_of(route, self._hosts.models)
+            models = models_list(served, route.aliases)
+            ex.status = answer_json(request, models)
             return
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
@@ -239,8 +246,9 @@ class ProxyResource(Resource):
         peer = getattr(request.getClientAddress(), "host", "")
         headers, secure = request.requestHeaders, request.isSecure()
         inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
-        ex.model = model = choose_model(config, route, body, query)
-        candidates = tuple(config.hosts_for(route, model))
+        served = self._hosts.models
+        ex.model = model = choose_model(route, config.models_of(route, served), body, query)
+        candidates = tuple(config.hosts_for(route, model, served))
         ex.fp = fingerprint(header_reader(headers), body, dialect, config.server.fingerprint_chars)
         if kind is Kind.INFERENCE:
             ex.prompt_chars = dialect.prompt_chars(body)
@@ -278,7 +286,8 @@ class ProxyResource(Resource):
                     continue
                 raise unavailable(f"host {host} was removed from the config; try again", 1)
             try:
-                response = await self._upstream.send(prepare(host_config, call.model, call.inbound))
+                model = self._hosts.model(host, call.model)
+                response = await self._upstream.send(prepare(host_config, model, call.inbound))
             except UpstreamFailure as failure:
                 release()
                 ex.error = f"upstream {failure.reason}"
@@ -333,7 +342,7 @@ class ProxyResource(Resource):
         host_config = self._config.hosts.get(host)
         if host_config is None:
             return
-        body = renamed_body(call.inbound.body, host_config.model(call.model))
+        body = renamed_body(call.inbound.body, self._hosts.model(host, call.model))
 
         async def count() -> int | None:
             return await self._upstream.count_tokens(host_config, call.dialect, body)

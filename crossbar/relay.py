@@ -172,9 +172,14 @@ class Relay:
         self.status = response.code
         request.setResponseCode(response.code, response.phrase)
         drop = hop_by_hop(response.headers, connection_headers(response))
+        mine = request.responseHeaders  # crossbar's own (CORS) are set already
         for name, values in response.headers.getAllRawHeaders():
-            if name.lower() not in drop:
-                request.responseHeaders.setRawHeaders(name, values)
+            low = name.lower()
+            if low in drop or low.startswith(b"access-control-"):
+                continue  # CORS is crossbar's alone (cors.py): the host's `*` never leaks
+            if low == b"vary" and mine.hasHeader(b"vary"):
+                values = [*mine.getRawHeaders(b"vary"), *values]
+            mine.setRawHeaders(name, values)
         for name, value in extra:
             request.responseHeaders.setRawHeaders(name, [value])
         ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]

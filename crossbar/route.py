@@ -7,10 +7,11 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
-from crossbar.config_fields import NAME, Errors, Section, quote
+from crossbar.config_fields import NAME, Errors, Section, key_path, origin_error, quote
 from crossbar.sharing import PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGHT_MIN, RouteLimits
 
 AFFINITIES = ("conversation", "route")
+UNKNOWN_MODELS = ("error", "default")
 # The keys that shape a route's place in the slot queues; meaningless where it never queues.
 SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued")
 
@@ -26,6 +27,10 @@ class Route:
     queue: bool = True
     peers: tuple[str, ...] = ()
     keys: tuple[str, ...] = field(default=(), repr=False)
+    # (glob, model) in file order: a client's model name matching the glob means that model.
+    aliases: tuple[tuple[str, str], ...] = ()
+    unknown_model: str = "error"  # or "default": serve default_model for any other name
+    cors_origins: tuple[str, ...] = ()  # browser origins that may call it ("*": any); () off
     template: str | None = None  # the template that served it, None for a concrete route
     priority: int = 0
     weight: float | None = None  # None: the shared FIFO line of its priority
@@ -50,6 +55,13 @@ class Route:
             max_in_flight=self.max_in_flight,
             max_queued=self.max_queued,
         )
+
+    def alias(self, name: str) -> str | None:
+        """The model the first alias glob matching `name` names (file order), or None."""
+        for glob, model in self.aliases:
+            if fnmatchcase(name, glob):
+                return model
+        return None
 
 
 @frozen
@@ -84,6 +96,14 @@ def read_route_body(table: Section, name: str) -> Route:
     if affinity not in AFFINITIES:
         table.errors.add(table.sub("affinity"), 'must be "conversation" or "route"')
         affinity = "conversation"
+    unknown_model = table.string("unknown_model", "error")
+    if unknown_model not in UNKNOWN_MODELS:
+        table.errors.add(
+            table.sub("unknown_model"),
+            f'must be "error" (404 model_not_found) or "default" (serve default_model), '
+            f"not {quote(unknown_model)}",
+        )
+        unknown_model = "error"
     queue = table.boolean("queue", True)
     unqueued = [key for key in SHARING_KEYS if table.has(key)] if not queue else []
     route = Route(
@@ -98,10 +118,27 @@ def read_route_body(table: Section, name: str) -> Route:
         weight=table.positive_number("weight", None, WEIGHT_MIN, WEIGHT_MAX),
         max_in_flight=table.integer("max_in_flight", None),
         max_queued=table.integer("max_queued", None, minimum=0),
+        aliases=table.string_table("aliases"),
+        unknown_model=unknown_model,
+        cors_origins=_read_origins(table),
     )
     for key in unqueued:
         table.errors.add(table.sub(key), "needs queue = true")
     return route
+
+
+def _read_origins(table: Section) -> tuple[str, ...]:
+    good = []
+    for i, origin in enumerate(table.string_list("cors_origins")):
+        origin = origin if origin == "*" else origin.removesuffix("/")  # as browsers send it
+        why = origin_error(origin)
+        if why is not None:
+            table.errors.add(f"{table.sub('cors_origins')}[{i}]", why)
+        else:
+            good.append(origin)
+    if "*" in good and len(good) > 1:
+        table.errors.add(table.sub("cors_origins"), '"*" allows every origin: list it alone')
+    return tuple(good)
 
 
 def read_routes(errors: Errors, data: Any) -> dict[str, Route]:
@@ -138,20 +175,39 @@ def check_route_links(
     errors: Errors,
     path: str,
     route: Route,
-    host_models: dict[str, set[str]],
+    host_models: dict[str, set[str] | None],
     route_exists: Any,
 ) -> None:
-    """Check a route's references: hosts, default model, peers."""
+    """Check a route's references: hosts, default model, aliases, peers. A host whose models
+    are discovered (None in `host_models`) may serve anything: names it could serve pass."""
     for host in route.hosts:
         if host not in host_models:
             errors.add(f"{path}.hosts", f"unknown host {quote(host)}")
     if len(set(route.hosts)) != len(route.hosts):
         errors.add(f"{path}.hosts", "names a host twice")
-    served = set().union(*(host_models.get(h, set()) for h in route.hosts))
-    if route.default_model and served and route.default_model not in served:
+    known = [host_models[h] for h in route.hosts if h in host_models]
+    served: set[str] = set().union(*(m for m in known if m is not None))
+    discovered = any(m is None for m in known)
+
+    def unserved(model: str) -> bool:
+        return bool(served) and not discovered and model not in served
+
+    if route.default_model and unserved(route.default_model):
         errors.add(
             f"{path}.default_model",
             f"{quote(route.default_model)} is served by none of the route's hosts",
+        )
+    for glob, model in route.aliases:
+        if unserved(model):
+            errors.add(
+                key_path(f"{path}.aliases", glob),
+                f"{quote(model)} is served by none of the route's hosts "
+                f"(they serve {', '.join(sorted(served))})",
+            )
+    if route.unknown_model == "default" and not route.default_model:
+        errors.add(
+            f"{path}.unknown_model",
+            '"default" needs the route\'s default_model (the model to serve instead)',
         )
     for peer in route.peers:
         if not route_exists(peer):

@@ -59,26 +59,53 @@ def check_key(route: Route, authorization: str | None, api_key: str | None = Non
         )
 
 
-def choose_model(config: Config, route: Route, body: Any, query: str) -> str:
-    """`body["model"]`, else `?model=`, else the route's default, else its only model."""
+def choose_model(route: Route, served: list[str], body: Any, query: str) -> str:
+    """The model a request is for, among `served` (the models the route's hosts serve now).
+
+    The name is `body["model"]`, else `?model=`, else the route's default, else its only
+    model. A name the route serves is that model; else the first of the route's `aliases`
+    whose glob matches it names the model; else `unknown_model = "default"` serves the
+    route's default model, and `"error"` answers 404 model_not_found."""
     model = body.get("model") if isinstance(body, dict) else None
     if model is not None and not isinstance(model, str):
         raise bad_request('"model" must be a string')
     if not model:
         model = (parse_qs(query).get("model") or [""])[0]
     if not model:
-        model = route.default_model
-    models = config.models_of(route)
-    if not model:
-        if len(models) == 1:
-            return models[0]
+        if route.default_model:
+            return _served(route, served, route.default_model, "the route's default model is")
+        if len(served) == 1:
+            return served[0]
         raise bad_request(
-            f"name a model: route {route.name!r} serves {', '.join(models)} and has no default"
+            f"name a model: route {route.name!r} serves {_names(served)} and has no default"
         )
-    if model not in models:
-        raise not_found(
-            f"model {model!r} is not served on route {route.name!r} (it serves "
-            f"{', '.join(models)})",
-            code="model_not_found",
-        )
-    return model
+    if model in served:
+        return model
+    target = route.alias(model)
+    if target is not None:
+        return _served(route, served, target, f"{model!r} is an alias of")
+    if route.unknown_model == "default" and route.default_model:
+        return _served(route, served, route.default_model, "the route's default model is")
+    raise not_found(
+        f"model {model!r} is not served on route {route.name!r}: use one of {_names(served)}"
+        + (f", or a name matching its aliases ({_globs(route)})" if route.aliases else ""),
+        code="model_not_found",
+    )
+
+
+def _served(route: Route, served: list[str], model: str, because: str) -> str:
+    if model in served:
+        return model
+    raise not_found(
+        f"{because} model {model!r}, which no host of route {route.name!r} serves now "
+        f"(it serves {_names(served)}); tell the operator",
+        code="model_not_found",
+    )
+
+
+def _names(models: list[str]) -> str:
+    return ", ".join(models) if models else "no model"
+
+
+def _globs(route: Route) -> str:
+    return ", ".join(glob for glob, _ in route.aliases)

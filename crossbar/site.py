@@ -5,12 +5,16 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from attrs import frozen
+from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
+from crossbar import cors
 from crossbar.channel import ProxyChannel
 from crossbar.config import Config
 from crossbar.dialects import ErrorShape, classify
 from crossbar.errors import ClientError, phrase
+from crossbar.inbound import header_reader
 from crossbar.routing import split_route
 from crossbar.twisted_private import request_line_path
 from crossbar.units import format_size
@@ -22,6 +26,13 @@ def _too_large(limit: int) -> ClientError:
         "invalid_request_error",
         f"request body is larger than this server's limit of {format_size(limit)}",
     )
+
+
+@frozen
+class _Answer:
+    """Just the response headers of an answer written by hand."""
+
+    responseHeaders: Headers  # the name Request gives them
 
 
 class BoundedRequest(Request):
@@ -61,11 +72,16 @@ class BoundedRequest(Request):
         """Answer 413 at once on the raw transport and close: the rest is never read."""
         self._refused = True
         status = 413
-        body = _too_large(self._limit()).body(self.channel.site.error_shape_of_line(self.channel))
+        site = self.channel.site
+        body = _too_large(self._limit()).body(site.error_shape_of_line(self.channel))
+        extra = b"".join(b"%s: %s\r\n" % pair for pair in site.refusal_headers(self))
         head = (
             b"HTTP/1.1 %d %s\r\n" % (status, phrase(status)) + b"Content-Type: application/json\r\n"
             b"Connection: close\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+            + extra
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
         )
         transport = self.channel.transport
         transport.write(head + body)
@@ -87,6 +103,10 @@ class BoundedSite(Site):
     def error_shape_of_line(self, channel: Any) -> ErrorShape:
         """The error shape for a request refused before it was routed."""
         return ErrorShape.OPENAI
+
+    def refusal_headers(self, request: Any) -> list[tuple[bytes, bytes]]:
+        """Headers for a request refused before it was routed (its headers are in)."""
+        return []
 
 
 class ProxySite(BoundedSite):
@@ -112,6 +132,21 @@ class ProxySite(BoundedSite):
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the
         # proxy's CPU.
         pass
+
+    def refusal_headers(self, request: Any) -> list[tuple[bytes, bytes]]:
+        """The route's CORS headers, so a browser app can read its 413 too."""
+        header = header_reader(request.requestHeaders)
+        raw = request_line_path(request.channel).split(b"?", 1)[0].decode("utf-8", "replace")
+        try:
+            name, _ = split_route(self._config, raw, header("X-Crossbar-Route"))
+        except ClientError:
+            return []
+        route = self._config.route(name)
+        if route is None:
+            return []
+        answer = Headers()
+        cors.mark(_Answer(answer), route, header)
+        return [(k, v) for k, values in answer.getAllRawHeaders() for v in values]
 
     def error_shape_of_line(self, channel: Any) -> ErrorShape:
         raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")

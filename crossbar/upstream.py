@@ -104,9 +104,11 @@ def renamed_body(body: Any, model: ModelConfig | None) -> Any:
 
 def renamed_query(query: str, model: ModelConfig | None) -> str:
     """`?model=` names the model the host's way too, like the body's "model"."""
-    if not query or model is None or not model.upstream or "model=" not in query:
+    if not query or model is None or "model=" not in query:
         return query
     pairs = parse_qsl(query, keep_blank_values=True)
+    if all(v == model.upstream_name for k, v in pairs if k == "model"):
+        return query  # already the host's name (an alias or upstream name is renamed)
     return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
 
 
@@ -131,12 +133,15 @@ def forwarded_headers(inbound: Inbound, api_key: str) -> Headers:
     return out
 
 
-def prepare(host: HostConfig, model: str, inbound: Inbound) -> Outgoing:
-    """The request `host` gets for a client's `inbound` request for `model`."""
-    m = host.model(model)
+def prepare(host: HostConfig, m: ModelConfig | None, inbound: Inbound) -> Outgoing:
+    """The request `host` gets for a client's `inbound` request for model `m` (as the host
+    serves it now). A router-mode host is told the model of a GET too (`?model=`): without
+    it, `/slots` and `/metrics` are refused and `/props` describes the router itself."""
     body = renamed_body(inbound.body, m)
     raw = inbound.raw if body is inbound.body else json.dumps(body).encode()
     query = renamed_query(inbound.query, m)
+    if host.discover and m is not None and inbound.method == "GET" and "model=" not in query:
+        query = "&".join(q for q in (query, urlencode({"model": m.upstream_name})) if q)
     url = (host.url + inbound.path + (f"?{query}" if query else "")).encode()
     payload = raw if (raw or inbound.method == "POST") else None
     return Outgoing(inbound.method.encode(), url, forwarded_headers(inbound, host.api_key), payload)

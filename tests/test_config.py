@@ -263,7 +263,7 @@ RULES = [
     ),
     (
         {"hosts": {**HOSTS, "nova": {"url": "http://x"}}},
-        "hosts.nova.models: missing (a list of model names, or a table per model)",
+        'hosts.nova.models: missing (a list of model names, a table per model, or "discover")',
     ),
     (
         {"hosts": {**HOSTS, "nova": {"url": "http://x", "models": []}}},
@@ -271,7 +271,7 @@ RULES = [
     ),
     (
         {"hosts": {**HOSTS, "nova": {"url": "http://x", "models": "m"}}},
-        "hosts.nova.models: must be an array of names or a table per model, not a string",
+        'hosts.nova.models: must be an array of names, a table per model, or "discover", not "m"',
     ),
     (
         {"hosts": {**HOSTS, "nova": {"url": "http://x", "models": ["m", 3]}}},

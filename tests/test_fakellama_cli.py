@@ -74,3 +74,31 @@ def test_bad_flags_exit_2_with_a_message(capsys):
     assert main(["--parallel", "0"]) == 2
     assert "parallel must be positive" in capsys.readouterr().err
     assert main(["--drop-after-chunks", "-1"]) == 2
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_command_runs_a_router_of_its_models():
+    proc = Running()
+    args = [COMMAND, "--port", "0", "--router", "--model", "a", "--model", "b", "--loaded", "b"]
+    transport = reactor.spawnProcess(proc, COMMAND, [*args, "--parallel", "3"], env=os.environ)
+    try:
+        url = await wait(proc.url, 30)
+        listing = await (await wait(client().get(url + "/models"))).json()
+        assert [(m["id"], m["status"]["value"]) for m in listing["data"]] == [
+            ("a", "unloaded"),
+            ("b", "loaded"),
+        ]
+        props = await (await wait(client().get(url + "/props?model=b"))).json()
+        assert props["total_slots"] == 3
+        transport.signalProcess("TERM")
+        assert await wait(proc.ended, 30) == 0, proc.err.decode()
+    finally:
+        if not proc.ended.called:
+            transport.signalProcess("KILL")
+
+
+def test_router_flags_that_make_no_sense_exit_2(capsys):
+    assert main(["--router", "--model", "a", "--loaded", "b"]) == 2
+    assert "--loaded names no --model: b" in capsys.readouterr().err
+    assert main(["--router", "--hang"]) == 2
+    assert "fault switches apply to a single-model fake" in capsys.readouterr().err

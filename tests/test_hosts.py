@@ -255,8 +255,10 @@ def test_status_reports_what_the_admin_api_shows():
             "parallel_source": "default",
             "ctx": None,
             "ctx_source": "default",
+            "state": None,  # configured, not discovered
         }
     ]
+    assert titan["discover"] is False
 
 
 def test_status_hides_a_password_in_the_url():

@@ -4,11 +4,12 @@ import pytest_twisted
 from attrs import evolve
 from lease_fakes import FakeHosts, MemoryStore
 from prometheus_client.parser import text_string_to_metric_families
-from twisted.internet.defer import ensureDeferred
+from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
 
 from crossbar.config import parse_config
 from crossbar.guard import ContextGuard
+from crossbar.hosts import Hosts
 from crossbar.journal import Journal
 from crossbar.limiter import Limiter
 from crossbar.metrics import Metrics
@@ -126,7 +127,8 @@ def test_labels_a_client_could_invent_are_folded_into_unknown():
             "routes": {"convo": {"hosts": ["titan"]}},
         }
     )
-    metrics = Metrics(config, None, None, None, None)  # type: ignore[arg-type]
+    hosts = Hosts(config, Clock(), get=lambda url, headers: Deferred())
+    metrics = Metrics(config, None, hosts, None, None)  # type: ignore[arg-type]
     for model in ("gpt-9", "gpt-10"):
         metrics.observe(UsageRow(1.0, "convo", "", model, "", "/v1/chat/completions", 404, False))
     metrics.lease_event(LeaseEvent(1.0, "convo", "f", MODEL, "titan", "", "idle"))
@@ -157,12 +159,18 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
     limiter.track("titan", MODEL)
     guard = ContextGuard(exact_counts=4, refused=2)
 
-    class Hosts(FakeHosts):
+    class FixedHosts(FakeHosts):
         probe_errors = 7
         flips: dict = {}
 
         def parallel(self, host, model):
             return 1
+
+        def models(self, host):
+            return config.hosts[host].models
+
+        def model(self, host, model):
+            return config.hosts[host].model(model)
 
     class Table:
         journal = Journal(MemoryStore(), clock)
@@ -173,7 +181,7 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
         def pins(self):
             return {}
 
-    metrics = Metrics(config, Table(), Hosts(), limiter, guard)  # type: ignore[arg-type]
+    metrics = Metrics(config, Table(), FixedHosts(), limiter, guard)  # type: ignore[arg-type]
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(metrics.render().decode())

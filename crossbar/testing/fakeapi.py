@@ -12,6 +12,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request
 
+from crossbar.testing.fakeanthropic import anthropic_messages
 from crossbar.testing.fakegen import KINDS, infer
 from crossbar.testing.fakehttp import (
     ApiError,
@@ -59,6 +60,7 @@ class FakeApi(Resource):
             "/apply-template": self._apply_template,
             "/v1/chat/completions/input_tokens": self._input_tokens,
             "/v1/responses/input_tokens": self._input_tokens,
+            "/v1/messages/count_tokens": self._input_tokens,
             "/v1/chat/completions/control": self._control,
         }
 
@@ -66,6 +68,14 @@ class FakeApi(Resource):
         path = request.path.decode("utf-8", "replace")
         if not path.startswith("/_fake/"):
             self._fake.counters.requests[path] += 1
+        # llama-server's default CORS: every origin, and OPTIONS answered before anything else.
+        request.setHeader(b"access-control-allow-origin", b"*")
+        if request.method == b"OPTIONS":
+            request.setHeader(b"access-control-allow-credentials", b"false")
+            request.setHeader(b"access-control-allow-methods", b"GET, POST, DELETE, OPTIONS")
+            request.setHeader(b"access-control-allow-headers", b"*")
+            send_text(request, "", b"text/html")
+            return NOT_DONE_YET
         d = Deferred.fromCoroutine(self._respond(request, path))
         self._active[request] = d
         request.notifyFinish().addErrback(self._lost, request, d)
@@ -214,6 +224,8 @@ class FakeApi(Resource):
         try:
             if request.path == b"/v1/responses/input_tokens":
                 messages = responses_messages(body.get("instructions"), body.get("input"))
+            elif request.path == b"/v1/messages/count_tokens":
+                messages = anthropic_messages(body.get("system"), body.get("messages"))
             else:
                 messages = body.get("messages")
             return render_chat(messages)

@@ -33,6 +33,7 @@ class Job:
     messages: list[dict[str, Any]] | None = None  # chat-shaped prompt, for Responses chaining
     created: int = 0
     slot: int = -1
+    cache_n: int = 0  # prompt tokens the slot's cache held, known once the job has a slot
     item_id: str = ""  # Responses: the output message's id
     seq: int = field(default=0)  # Responses: sequence_number of the next event
 

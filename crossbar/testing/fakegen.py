@@ -12,6 +12,7 @@ from twisted.internet.task import deferLater
 from twisted.web.server import Request
 from zope.interface import implementer
 
+from crossbar.testing.fakeanthropic import AnthropicFormat, anthropic_messages
 from crossbar.testing.fakeformat import FORMATS, Format, Job, Outcome
 from crossbar.testing.fakehttp import ApiError, bad_request, send_json, server_error, sse_event
 from crossbar.testing.fakestate import Completion
@@ -27,14 +28,24 @@ KINDS = {
     "/completions": "cmpl",
     "/completion": "native",
     "/v1/responses": "responses",
+    "/v1/messages": "anthropic",
 }
-_ID_PREFIX = {"chat": "chatcmpl-", "cmpl": "cmpl-", "native": "cmpl-", "responses": "resp_"}
+# llama-server names an Anthropic message with a chat completion id too.
+_ID_PREFIX = {
+    "chat": "chatcmpl-",
+    "cmpl": "cmpl-",
+    "native": "cmpl-",
+    "responses": "resp_",
+    "anthropic": "chatcmpl-",
+}
+_FORMATS: dict[str, Format] = {**FORMATS, "anthropic": AnthropicFormat()}
 # Which body keys limit the reply, per kind, in order of preference.
 _LIMIT_KEYS = {
     "chat": ("max_completion_tokens", "max_tokens", "n_predict"),
     "cmpl": ("max_tokens", "n_predict"),
     "native": ("n_predict", "max_tokens"),
     "responses": ("max_output_tokens", "max_tokens"),
+    "anthropic": ("max_tokens",),
 }
 
 
@@ -64,6 +75,8 @@ def _prompt_tokens(fake: FakeLlama, prompt: Any) -> list[int]:
 def _messages(fake: FakeLlama, kind: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if kind == "chat":
         return body.get("messages")  # type: ignore[no-any-return]
+    if kind == "anthropic":
+        return anthropic_messages(body.get("system"), body.get("messages"))
     if kind != "responses":
         return None
     previous = body.get("previous_response_id")
@@ -246,11 +259,11 @@ async def _run(fake: FakeLlama, request: Request, job: Job) -> None:
         claim = await fake.cache.claim(job.prompt, job.id_slot, job.use_cache)
     finally:
         counters.queued -= 1
-    job.slot = claim.slot.id
+    job.slot, job.cache_n = claim.slot.id, claim.cache_n
     counters.prefill_tokens += claim.prompt_n
     counters.cached_tokens += claim.cache_n
     fake.running[job.id] = job.path
-    out = _Output(fake, request, job, FORMATS[job.kind])
+    out = _Output(fake, request, job, _FORMATS[job.kind])
     kv = job.prompt[: claim.cache_n]  # what the slot's cache holds if we stop now
     pieces: list[str] = []
     outcome = "aborted"

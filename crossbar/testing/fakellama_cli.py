@@ -5,6 +5,11 @@
 Prints one line with its URL once it listens (`--port 0` picks a free port; the line says
 which). Faults can be set at start with flags and later with `POST /_fake/faults`, on the main
 port or, with `--control-port`, on a port of its own that stays open while `refuse` is on.
+
+    crossbar-fakellama --router --model qwen --model gemma --loaded qwen
+
+runs it in router mode instead (fakerouter.py): each model a server of its own with the knobs
+given, loaded on its first request (`--load-delay` seconds), listed by `GET /models`.
 """
 
 from __future__ import annotations
@@ -13,10 +18,12 @@ import argparse
 import sys
 from typing import Any
 
+from attrs import evolve
 from twisted.internet.defer import Deferred
 from twisted.internet.task import react
 
 from crossbar.testing.fakellama import FakeConfig, FakeLlama, Faults
+from crossbar.testing.fakerouter import FakeRouter
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-slots", type=int, default=4, help="idle prompt caches kept (LRU)")
     p.add_argument("--load-delay", type=float, default=0, help="seconds of 503 Loading model")
     p.add_argument("--reply-tokens", type=int, default=16, help="reply length without max_tokens")
+    router = p.add_argument_group("router mode (llama-server without -m: models loaded on demand)")
+    router.add_argument("--router", action="store_true", help="serve the --model names as a router")
+    router.add_argument("--loaded", action="append", default=[], metavar="NAME",
+                        help="a model loaded from the start (repeatable)")  # fmt: skip
     faults = p.add_argument_group("faults (also settable at run time: POST /_fake/faults)")
     faults.add_argument("--refuse", action="store_true", help="refuse connections")
     faults.add_argument("--error-500", action="store_true", help="answer 500 to inference")
@@ -74,6 +85,17 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
     return config, faults
 
 
+async def _route(reactor: Any, config: FakeConfig, args: argparse.Namespace) -> None:
+    models = {name: evolve(config, models=[name], load_delay=0) for name in config.models}
+    router = FakeRouter(reactor, models, loaded=tuple(args.loaded), load_delay=config.load_delay)
+    await router.start(args.port, args.host)
+    reactor.addSystemEventTrigger(
+        "before", "shutdown", lambda: Deferred.fromCoroutine(router.stop())
+    )
+    print(f"crossbar-fakellama: router of {', '.join(config.models)} at {router.url}", flush=True)
+    await Deferred()  # until the reactor stops
+
+
 async def _serve(
     reactor: Any, config: FakeConfig, faults: Faults, host: str, port: int, control: int | None
 ) -> None:
@@ -93,9 +115,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         config, faults = _config(args)
+        if args.router and faults != Faults():
+            raise ValueError("fault switches apply to a single-model fake, not to --router")
+        unknown = sorted(set(args.loaded) - set(config.models))
+        if unknown:
+            raise ValueError(f"--loaded names no --model: {', '.join(unknown)}")
     except ValueError as e:
         print(f"crossbar-fakellama: {e}", file=sys.stderr)
         return 2
+    if args.router:
+        react(_route, (config, args))  # exits the process
+        return 0
     react(_serve, (config, faults, args.host, args.port, args.control_port))  # exits the process
     return 0
 

@@ -57,13 +57,16 @@ def _binaries() -> None:
 
 @pytest_twisted.async_yield_fixture
 async def launch(tmp_path: pathlib.Path):
-    """`await launch(ctx=4096, parallel=2, server={...})`: two real llama-servers, titan and
-    atlas, and crossbar in front of them on one route, convo. Everything stops after the test;
+    """`await launch(ctx=4096, parallel=2, server={...}, route={...})`: two real llama-servers,
+    titan and atlas, and crossbar in front of them on one route, convo (`route` adds keys). Everything stops after the test;
     a server that died without the test killing it fails the teardown with its last lines."""
     started: list[tuple[Crossbar | None, Fleet]] = []
 
     async def start(
-        ctx: int = 4096, parallel: int = 2, server: dict[str, Any] | None = None
+        ctx: int = 4096,
+        parallel: int = 2,
+        server: dict[str, Any] | None = None,
+        route: dict[str, Any] | None = None,
     ) -> tuple[Crossbar, Fleet]:
         args = server_args(ctx, parallel)
         fleet = Fleet({name: Llama.start(name, tmp_path, args) for name in ("titan", "atlas")})
@@ -72,8 +75,8 @@ async def launch(tmp_path: pathlib.Path):
         hosts = {
             name: {"url": llama.url, "models": [MODEL]} for name, llama in fleet.llamas.items()
         }
-        route = {"hosts": ["titan", "atlas"], "default_model": MODEL}
-        crossbar = await start_crossbar({}, {"convo": route}, server=server, hosts=hosts)
+        convo = {"hosts": ["titan", "atlas"], "default_model": MODEL, **(route or {})}
+        crossbar = await start_crossbar({}, {"convo": convo}, server=server, hosts=hosts)
         started[-1] = (crossbar, fleet)
         # Discovery as at start-up: each host's slots and per-slot ctx from its /props.
         await fleet.within(crossbar.parts.hosts.probe_all(), 30, "probing the hosts")

@@ -17,6 +17,7 @@ from twisted.internet.threads import deferToThread
 from tests.harness import MODEL, Crossbar
 
 CLIENT_TIMEOUT = 30.0  # seconds, for every SDK call
+CLAUDE = "claude-sonnet-4-5-20250929"  # the model name Claude Code sends
 SYSTEM = "You are a terse assistant. Answer in one short sentence."
 REPLY_TOKENS = 12
 # Gemma 3 attends through a sliding window, so llama-server cannot reuse a cached prompt to its
@@ -102,10 +103,13 @@ def _openai_turn(host: str, text: str, usage: Any) -> Turn:
 
 @define
 class AnthropicMessages:
-    """Anthropic's /v1/messages with the official Anthropic client."""
+    """Anthropic's /v1/messages with the official Anthropic client, streamed or not, naming
+    `model` (Claude Code names a Claude model, which the route's alias serves)."""
 
     crossbar: Crossbar
     opening: str
+    stream: bool = False
+    model: str = MODEL
     messages: list[dict] = field(factory=list)
 
     async def say(self, text: str) -> Turn:
@@ -123,26 +127,32 @@ class AnthropicMessages:
         with Anthropic(
             base_url=base, api_key="none", max_retries=0, timeout=CLIENT_TIMEOUT
         ) as client:
+            args = {
+                "model": self.model,
+                "system": SYSTEM,
+                "messages": self.messages,
+                "max_tokens": REPLY_TOKENS,
+                "extra_body": {"temperature": 0},  # this SDK no longer takes it as a keyword
+            }
             try:
-                raw = client.messages.with_raw_response.create(
-                    model=MODEL,
-                    system=SYSTEM,
-                    messages=self.messages,
-                    max_tokens=REPLY_TOKENS,
-                    extra_body={"temperature": 0},  # this SDK no longer takes it as a keyword
-                )
+                if self.stream:
+                    with client.messages.stream(**args) as s:
+                        streamed = "".join(s.text_stream)
+                        message, headers = s.get_final_message(), s.response.headers
+                else:
+                    raw = client.messages.with_raw_response.create(**args)
+                    message, headers = raw.parse(), raw.headers
             except NotFoundError as e:
                 # Never a pass: without the host's /v1/messages this test shows nothing.
                 host = e.response.headers.get("x-crossbar-host")
                 who = f"llama-server {host}" if host else "crossbar"
                 raise AssertionError(f"{who} does not serve /v1/messages: {e}") from e
-            message = raw.parse()
         text = "".join(block.text for block in message.content if block.type == "text")
+        if self.stream:
+            assert streamed == text, (streamed, text)
         # Anthropic counts cache reads apart from input_tokens.
         cached = message.usage.cache_read_input_tokens or 0
-        return Turn(
-            raw.headers["x-crossbar-host"], text, message.usage.input_tokens + cached, cached
-        )
+        return Turn(headers["x-crossbar-host"], text, message.usage.input_tokens + cached, cached)
 
 
 @define

@@ -65,12 +65,20 @@ class Llama:
 
     @classmethod
     def start(
-        cls, name: str, log_dir: pathlib.Path, args: list[str], model: str | None = None
+        cls,
+        name: str,
+        log_dir: pathlib.Path,
+        args: list[str],
+        model: str | None = None,
+        models_dir: pathlib.Path | None = None,
     ) -> Llama:
-        """Spawn it (returns at once; `ready` waits for it to load)."""
+        """Spawn it (returns at once; `ready` waits for it to load). With `models_dir` it is
+        a router: no model of its own, each GGUF file there loaded on demand in a child
+        server of its own (which dies with it)."""
         (port,) = free_ports(1)
         log = log_dir / f"llama-{name}.log"
-        command = [SERVER, "-m", model or GGUF, "--host", "127.0.0.1", "--port", str(port), *args]
+        serves = ["--models-dir", str(models_dir)] if models_dir else ["-m", model or GGUF]
+        command = [SERVER, *serves, "--host", "127.0.0.1", "--port", str(port), *args]
         if shutil.which("setpriv"):
             # Die with the test run, even one that pytest-timeout ends with os._exit.
             command = ["setpriv", "--pdeathsig", "KILL", "--", *command]

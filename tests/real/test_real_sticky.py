@@ -10,7 +10,17 @@ import itertools
 import pytest
 import pytest_twisted
 
-from tests.real.dialogue import AnthropicMessages, OpenAIChat, RawCompletion, read_from_cache
+from tests.harness import MODEL
+from tests.real.dialogue import (
+    CLAUDE,
+    AnthropicMessages,
+    OpenAIChat,
+    RawCompletion,
+    read_from_cache,
+)
+
+# The SDK warns about old Claude model names; the route's alias makes any name right.
+pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")
 
 PREAMBLE = (
     " A transcript between a curious user and a terse assistant, who answers every question"
@@ -26,6 +36,10 @@ DIALECTS = {
     "/completion": lambda crossbar, topic: RawCompletion(crossbar, f"Topic: {topic}.{PREAMBLE}"),
     "anthropic messages": lambda crossbar, topic: AnthropicMessages(
         crossbar, f"Let us talk about {topic}."
+    ),
+    # As Claude Code talks: streamed, naming a Claude model that the route's alias serves.
+    "streamed anthropic messages as claude": lambda crossbar, topic: AnthropicMessages(
+        crossbar, f"Let us talk about {topic}.", stream=True, model=CLAUDE
     ),
 }
 # Which conversation speaks when: two turns in a row first (a host chosen afresh each turn
@@ -45,7 +59,9 @@ SCHEDULE = [
 async def test_each_conversation_keeps_its_host_and_reads_its_last_turn_from_the_real_cache(
     launch, dialect
 ):
-    crossbar, fleet = await launch(server={"fingerprint_chars": 100})
+    crossbar, fleet = await launch(
+        server={"fingerprint_chars": 100}, route={"aliases": {"claude-*": MODEL}}
+    )
     start = DIALECTS[dialect]
     convos = [start(crossbar, "colours"), start(crossbar, "fruit")]
     turns: list[list] = [[], []]
