@@ -1,5 +1,6 @@
-"""examples/systemd/crossbar.service: valid for systemd, hardened, reloading by SIGHUP after a
-config check, and running the twistd plugin as it expects to be run."""
+"""examples/systemd/crossbar.service and the template crossbar@.service (one unit per instance
+sharing a store): valid for systemd, hardened, reloading by SIGHUP after a config check, and
+running the twistd plugin as it expects to be run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,13 @@ import pytest
 
 from crossbar.tap import Options
 
-UNIT = pathlib.Path(__file__).resolve().parent.parent / "examples" / "systemd" / "crossbar.service"
+UNITS = pathlib.Path(__file__).resolve().parent.parent / "examples" / "systemd"
+# Each unit and the config file it runs with.
+CONFIGS = {
+    "crossbar.service": "/etc/crossbar/config.toml",
+    "crossbar@.service": "/etc/crossbar/instance-%i.toml",
+}
+each_unit = pytest.mark.parametrize(("name", "config"), list(CONFIGS.items()))
 ANALYZE = shutil.which("systemd-analyze")
 INSTALLED = "/opt/crossbar/.venv/bin/"
 
@@ -40,19 +47,21 @@ def trailing_comments(text: str) -> list[str]:
     ]
 
 
-def test_no_setting_has_a_comment_on_its_line():
+@each_unit
+def test_no_setting_has_a_comment_on_its_line(name, config):
     assert trailing_comments("TimeoutStopSec=60  # longer than shutdown_grace\nA=b\n# ok") == [
         "TimeoutStopSec=60  # longer than shutdown_grace"
     ]
-    assert trailing_comments(UNIT.read_text()) == []
+    assert trailing_comments((UNITS / name).read_text()) == []
 
 
 @pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze is not installed here")
-def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path):
+@each_unit
+def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path, name, config):
     # verify wants the commands to exist: point them at this checkout's virtualenv.
     here = pathlib.Path(sys.executable).parent
-    unit = tmp_path / "crossbar.service"
-    unit.write_text(UNIT.read_text().replace(INSTALLED, f"{here}/"))
+    unit = tmp_path / name.replace("@.", "@1.")  # a template is verified as an instance
+    unit.write_text((UNITS / name).read_text().replace(INSTALLED, f"{here}/"))
     done = subprocess.run(
         [ANALYZE, "verify", "--man=no", str(unit)],
         capture_output=True,
@@ -64,8 +73,9 @@ def test_systemd_analyze_verify_accepts_the_unit_without_a_warning(tmp_path):
     assert done.returncode == 0 and about_it == [], done.stdout + done.stderr
 
 
-def test_the_unit_is_hardened_and_may_write_only_its_state_directory():
-    d = directives(UNIT.read_text())
+@each_unit
+def test_the_unit_is_hardened_and_may_write_only_its_state_directory(name, config):
+    d = directives((UNITS / name).read_text())
     expected = {
         "NoNewPrivileges": "yes",
         "ProtectSystem": "strict",
@@ -85,10 +95,11 @@ def test_the_unit_is_hardened_and_may_write_only_its_state_directory():
     assert d["User"] == ["crossbar"]
 
 
-def test_reload_checks_the_config_then_sends_sighup_and_stop_outlasts_the_grace():
-    d = directives(UNIT.read_text())
+@each_unit
+def test_reload_checks_the_config_then_sends_sighup_and_stop_outlasts_the_grace(name, config):
+    d = directives((UNITS / name).read_text())
     assert d["ExecReload"] == [
-        f"{INSTALLED}crossbar check /etc/crossbar/config.toml",
+        f"{INSTALLED}crossbar check {config}",
         "/bin/kill -HUP $MAINPID",
     ]
     assert d["KillSignal"] == ["SIGTERM"]
@@ -96,10 +107,11 @@ def test_reload_checks_the_config_then_sends_sighup_and_stop_outlasts_the_grace(
     assert d["RestartPreventExitStatus"] == ["2"]  # a bad config: crossbar exits 2
 
 
-def test_execstart_runs_the_twistd_plugin_in_the_foreground_with_its_config():
-    (start,) = directives(UNIT.read_text())["ExecStart"]
+@each_unit
+def test_execstart_runs_the_twistd_plugin_in_the_foreground_with_its_config(name, config):
+    (start,) = directives((UNITS / name).read_text())["ExecStart"]
     argv = shlex.split(start)
     assert argv[0] == f"{INSTALLED}twistd" and "--nodaemon" in argv and "--pidfile=" in argv
     options = Options()
     options.parseOptions(argv[argv.index("crossbar") + 1 :])
-    assert options["config"] == "/etc/crossbar/config.toml"
+    assert options["config"] == config
