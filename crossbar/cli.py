@@ -4,6 +4,7 @@ a stopped one's store to another database."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from crossbar import ctl
@@ -59,7 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `crossbar` command."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        code = args.func(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is caught below
+    except BrokenPipeError:
+        # The reader went away (`crossbar check config.toml | head -1`): nothing to report.
+        # Python's own flush at exit must not hit the closed pipe again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    return code
 
 
 if __name__ == "__main__":

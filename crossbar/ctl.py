@@ -283,7 +283,8 @@ def add_parser(sub: Any) -> None:
     cmd("undrain", _undrain, "HOST takes new leases again").add_argument("host")
     p = cmd("events", _events, "lease events, newest first")
     p.add_argument("--route", help="only this route")
-    p.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many (default: the API's, 100)")  # fmt: skip
     p.add_argument("--since", help='a duration ("1h") or seconds since the epoch')
     p = cmd("usage", _usage, "requests, errors, tokens, cache hits and TTFB")
     p.add_argument("--by", choices=USAGE_BY, default="route", help="group by (default route)")

@@ -105,6 +105,7 @@ class CrossbarService(MultiService):
         """`store` and `endpoints` replace the database and TCP to the hosts in tests."""
         super().__init__()
         self.config = config
+        self._running = config.server  # listeners and store as started: a reload keeps them
         self.reactor = reactor
         self._store = store
         self._endpoints = endpoints
@@ -213,10 +214,11 @@ class CrossbarService(MultiService):
     async def apply(self, new: Config) -> list[str]:
         """Switch every part to a validated config without dropping in-flight requests."""
         old = self.config
+        # Said on every reload while the file and the running value differ, not only the first.
         notes = [
             f"server.{key} changed; it takes effect at restart"
             for key in _RESTART_KEYS
-            if getattr(old.server, key) != getattr(new.server, key)
+            if getattr(self._running, key) != getattr(new.server, key)
         ]
         removed = sorted(set(old.hosts) - set(new.hosts))
         self.config = new

@@ -55,3 +55,18 @@ async def test_a_good_file_adds_a_route_and_a_removed_host_drops_its_leases(cros
     assert host == "titan"
     events = (await crossbar.get("/api/events?limit=5"))["events"]
     assert ("config", "atlas") in [(e["reason"], e["from_host"]) for e in events]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_listener_or_store_change_is_noted_on_every_reload_until_the_file_matches_again(
+    crossbar, tmp_path
+):
+    moved = {"db": str(tmp_path / "elsewhere.db")}
+    write_config(crossbar.path, crossbar.fakes, ROUTES, server=moved)
+    for _ in range(2):  # the second reload still runs on the old store: it says so again
+        code, body, _ = await crossbar.call("POST", "/api/reload")
+        assert code == 200
+        assert body["notes"] == ["server.db changed; it takes effect at restart"]
+    write_config(crossbar.path, crossbar.fakes, ROUTES)  # back to what runs
+    code, body, _ = await crossbar.call("POST", "/api/reload")
+    assert (code, body["notes"]) == (200, [])

@@ -194,3 +194,14 @@ def test_check_shows_a_postgresql_store_without_its_password(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "db postgresql://crossbar:***@db.internal:5432/crossbar?sslmode=require;" in out
     assert "hunter2" not in out
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `crossbar check config.toml | head -1`: the pipe closes before crossbar has written.
+    crossbar = str(pathlib.Path(sys.executable).parent / "crossbar")
+    process = subprocess.Popen(
+        [crossbar, "check", str(EXAMPLE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()
+    _, err = process.communicate(timeout=60)
+    assert (process.returncode, err.decode()) == (0, "")

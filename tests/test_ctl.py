@@ -8,7 +8,7 @@ import socket
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from crossbar.cli import main
+from crossbar.cli import build_parser, main
 from crossbar.ctl import table
 from tests.admin_harness import conversation, start_service, write_config
 from tests.fleet import start_fleet
@@ -211,3 +211,19 @@ async def test_instances_lists_everyone_sharing_the_store_and_marks_who_answered
         assert json.loads(out)["this"] == b.parts.instances.id
     finally:
         await fleet.stop()
+
+
+def test_events_leaves_the_limit_to_the_api_unless_one_is_given():
+    # One default, the API's (100): ctl sends no limit of its own.
+    sent = []
+
+    class Client:
+        def call(self, method, path, body=None, **query):
+            sent.append({k: v for k, v in query.items() if v is not None})
+            return {"events": []}
+
+    parser = build_parser()
+    for argv, limit in ((["ctl", "events"], None), (["ctl", "events", "--limit", "7"], 7)):
+        args = parser.parse_args(argv)
+        args.ctl(Client(), args)
+        assert sent.pop().get("limit") == limit
