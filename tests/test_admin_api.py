@@ -233,6 +233,9 @@ async def test_unknown_paths_and_methods_get_json_errors(crossbar):
     assert "GET" in response.headers.getRawHeaders("Allow")[0]
     code, body, _ = await crossbar.call("DELETE", "/api/routes/ghost/leases")
     assert code == 404 and body["error"]["type"] == "not_found_error"
+    # A name a template serves is a route even with nothing to release.
+    code, body, _ = await crossbar.call("DELETE", "/api/routes/proj-idle/leases")
+    assert (code, body) == (200, {"route": "proj-idle", "released": 0})
 
 
 @pytest_twisted.ensureDeferred
