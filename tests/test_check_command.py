@@ -172,6 +172,9 @@ def test_twistd_refuses_a_store_it_cannot_use_in_one_line(tmp_path, make_db, rea
     assert result.returncode == 2
     assert f"server.db: cannot open the store {db}: " in result.stderr
     assert reason in result.stderr
+    # The reason, then the verdict, as the operator guide shows them.
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 2 and lines[1] == "crossbar: no store; not starting", lines
     assert "Traceback" not in result.stderr + result.stdout
 
 
