@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import sqlite3
 from typing import Any
-from urllib.parse import SplitResult, urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from attrs import frozen
 from twisted.enterprise.adbapi import ConnectionLost, ConnectionPool
+
+from crossbar.redaction import hide_password
 
 BUSY_TIMEOUT_MS = 5000  # another process (a backup, another crossbar) may hold SQLite's lock
 _POSTGRES_SCHEMES = ("postgresql", "postgres")
@@ -28,17 +30,7 @@ def is_postgres(db: str) -> bool:
 
 def redact(db: str) -> str:
     """`db` with any password replaced by `***`: what may be shown anywhere."""
-    if not is_postgres(db):
-        return db
-    parts = urlsplit(db)
-    if parts.password is None:
-        return db
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    netloc = f"{user}:***@{host}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, parts.query, ""))
+    return hide_password(db) if is_postgres(db) else db
 
 
 def _postgres_errors() -> tuple[type[BaseException], ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from crossbar.backends import redact
 from crossbar.config import Config, HostConfig
+from crossbar.redaction import hide_password
 from crossbar.route import Route
 from crossbar.units import format_duration, format_size
 
@@ -13,7 +14,8 @@ def _slots(value: int | None) -> str:
 
 
 def _host_lines(host: HostConfig) -> list[str]:
-    lines = [f"  {host.name}  {host.url}" + ("  (api_key set)" if host.api_key else "")]
+    key = "  (api_key set)" if host.api_key else ""
+    lines = [f"  {host.name}  {hide_password(host.url)}{key}"]
     if host.discover:
         lines.append(
             f"    models discovered from GET /models: parallel {_slots(host.parallel)}, "

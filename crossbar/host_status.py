@@ -4,9 +4,10 @@ each number came from. Never the api key, nor a password in its URL."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
 
 from attrs import asdict
+
+from crossbar.redaction import hide_password
 
 if TYPE_CHECKING:
     from crossbar.hosts import HostEntry
@@ -17,7 +18,7 @@ def host_status(name: str, host: HostEntry, draining: bool) -> dict[str, Any]:
     health, last = host.health, host.health.last
     return {
         "name": name,
-        "url": _public_url(host.config.url),
+        "url": hide_password(host.config.url),
         "healthy": health.healthy,
         "draining": draining,
         "reason": health.reason,
@@ -28,12 +29,3 @@ def host_status(name: str, host: HostEntry, draining: bool) -> dict[str, Any]:
         "discover": host.config.discover,
         "models": [host.catalog.model_status(m) for m in host.catalog.models()],
     }
-
-
-def _public_url(url: str) -> str:
-    """The URL with any password hidden: a password in it is as secret as the api key."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))

@@ -187,15 +187,16 @@ def test_a_usable_store_file_is_created_and_migrated_by_the_start_check(tmp_path
     assert db.stat().st_size > 0
 
 
-def test_check_shows_a_postgresql_store_without_its_password(tmp_path, capsys):
+def test_check_shows_the_store_and_host_urls_without_their_passwords(tmp_path, capsys):
     path = tmp_path / "c.toml"
     path.write_text(
         '[server]\ndb = "postgresql://crossbar:hunter2@db.internal:5432/crossbar?sslmode=require"\n'
-        '[hosts.a]\nurl = "http://127.0.0.1:9"\nmodels = ["m"]\n'
+        '[hosts.a]\nurl = "http://llama:hunter2@127.0.0.1:9"\nmodels = ["m"]\n'
     )
     assert main(["check", str(path)]) == 0
     out = capsys.readouterr().out
     assert "db postgresql://crossbar:***@db.internal:5432/crossbar?sslmode=require;" in out
+    assert "  a  http://llama:***@127.0.0.1:9" in out  # a host's URL hides its password too
     assert "hunter2" not in out
 
 
