@@ -17,6 +17,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from crossbar import admin_auth
 from crossbar.admin_actions import AdminActions, ReloadRefused
 from crossbar.admin_http import MAX_BODY, api, app, arg, json_answer, limit_arg
+from crossbar.admin_pages import ROUTE_SORTS, LeaseFilter, lease_page, route_page
 from crossbar.admin_views import (
     host_rows,
     lease_row,
@@ -34,6 +35,7 @@ __all__ = ["MAX_BODY", "Admin"]
 log = Logger(namespace="crossbar.admin")
 MAX_EVENTS = 1000
 MAX_ROUTES = 1000
+MAX_PAGE = 1000  # leases in one answer
 _INTERNAL = ClientError(500, "api_error", "the admin API failed on this request; see the log")
 
 
@@ -45,19 +47,37 @@ class Admin(AdminActions):
     @app.route("/api/leases", methods=["GET"])
     @api
     async def leases(self, request: Any) -> dict[str, Any]:
-        """GET /api/leases?route=: the lease snapshot (pins excluded)."""
+        """GET /api/leases?route=&host=&model=&fp=&limit=&cursor=: a page of the lease table
+        (pins excluded) in key order, how many match, and the next page's cursor."""
+        where = LeaseFilter(*(arg(request, name) for name in ("route", "host", "model", "fp")))
+        limit = limit_arg(request, MAX_PAGE, default=100)
+        page = await lease_page(self._table, self._clock, where, arg(request, "cursor"), limit)
         now = self.now()
-        leases = self._table.snapshot(route=arg(request, "route"))
-        return {"leases": [lease_row(lease, now) for lease in leases]}
+        rows = [lease_row(lease, now) for lease in page.rows]
+        return {"leases": rows, "total": page.total, "next": page.next}
 
     @app.route("/api/routes", methods=["GET"])
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
-        """GET /api/routes: configured and seen routes, pins, lease counts, queue shares."""
+        """GET /api/routes?route=&host=&model=&sort=&since=&limit=&cursor=: configured and
+        seen routes, pins, lease counts, queue shares and requests since `since` (24 h)."""
         limit = limit_arg(request, MAX_ROUTES, default=100)
-        usage = await self._store.usage_totals("route")
+        sort = arg(request, "sort") or "name"
+        if sort not in ROUTE_SORTS:
+            raise bad_request(f"sort: must be one of {', '.join(ROUTE_SORTS)}, not {sort!r}")
+        since = since_arg(arg(request, "since"), self.now(), default=self.now() - 86400)
+        usage = await self._store.usage_totals("route", since, percentiles=False)
         rows = route_rows(self.config, self._table, usage, self._limiter)
-        return {"routes": rows[:limit], "total": len(rows)}
+        page = route_page(
+            rows,
+            arg(request, "route"),
+            arg(request, "host"),
+            arg(request, "model"),
+            sort,
+            arg(request, "cursor"),
+            limit,
+        )
+        return {"routes": page.rows, "total": page.total, "next": page.next, "since": since}
 
     @app.route("/api/hosts", methods=["GET"])
     @api

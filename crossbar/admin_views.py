@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any
 
+from crossbar.admin_pages import natural
 from crossbar.config import Config
 from crossbar.errors import bad_request
 from crossbar.hosts import Hosts
@@ -34,19 +34,17 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
 def route_rows(
     config: Config, table: Table, usage: list[dict[str, Any]], limiter: Limiter
 ) -> list[dict[str, Any]]:
-    """The concrete routes (config order), then every other route seen (by name): a route
-    from a template, or one the config no longer serves, that holds leases, a pin, usage, or
-    requests in the limiter."""
-    leases = table.snapshot()
+    """The concrete routes (config order), then every other route seen (in natural order:
+    team-2 before team-10): a route from a template, or one the config no longer serves, that
+    holds leases, a pin, usage, or requests in the limiter. Lease counts come from the table's
+    counters, so this costs per route, not per lease."""
+    by_host = table.leases_by_route()
     pins = table.pins()
     requests = {row["route"]: row["requests"] for row in usage}
     active = limiter.routes()
-    seen = {lease.key.route for lease in leases} | set(pins) | set(requests)
+    seen = set(by_host) | set(pins) | set(requests)
     seen |= {name for name in active if name}  # "": requests that named no route
-    names = list(config.routes) + sorted(seen - set(config.routes))
-    by_host: dict[str, Counter[str]] = {name: Counter() for name in names}
-    for lease in leases:
-        by_host[lease.key.route][lease.host] += 1
+    names = list(config.routes) + sorted(seen - set(config.routes), key=natural)
     rows = []
     for name in names:
         route = config.route(name)
@@ -63,8 +61,8 @@ def route_rows(
                 "peers": list(route.peers) if route is not None else [],
                 "auth": bool(route.keys) if route is not None else False,
                 "pinned": pins.get(name),
-                "leases": sum(by_host[name].values()),
-                "leases_by_host": dict(sorted(by_host[name].items())),
+                "leases": sum(by_host.get(name, {}).values()),
+                "leases_by_host": dict(sorted(by_host.get(name, {}).items())),
                 "requests": requests.get(name, 0),
                 **_sharing(config, route, active.get(name)),
             }

@@ -1,4 +1,5 @@
-"""The sweep: idle leases expire, old lease events and usage rows are pruned."""
+"""The sweep: idle leases expire, old lease events and usage rows are pruned, and usage rows
+are summed per minute before their raw rows go."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ class PruningStore(Protocol):
     async def prune(
         self, events_before: float, usage_before: float, changes_before: float = 0.0
     ) -> tuple[int, int]: ...
+
+    async def roll_up(self, now: float, raw_before: float) -> tuple[int, int]: ...
 
 
 class Sweep:
@@ -49,6 +52,11 @@ class Sweep:
         events, usage = await self._store.prune(
             now - s.events_retention, now - s.usage_retention, now - CHANGES_RETENTION
         )
+        # Raw rows older than usage_raw_retention go once summed per minute (those sums are
+        # kept for usage_retention); never past usage_retention, should it be the shorter.
+        raw_before = now - min(s.usage_raw_retention, s.usage_retention)
+        _, raw = await self._store.roll_up(now, raw_before)
+        usage += raw
         if expired or events or usage:
             log.info(
                 "sweep: {expired} leases expired; pruned {events} events, {usage} usage rows",
