@@ -19,10 +19,12 @@ from crossbar.admin_actions import AdminActions, ReloadRefused
 from crossbar.admin_http import MAX_BODY, api, app, arg, json_answer, limit_arg
 from crossbar.admin_pages import ROUTE_SORTS, LeaseFilter, lease_page, route_page
 from crossbar.admin_views import (
+    USAGE_SORTS,
     host_rows,
     lease_row,
     route_rows,
     since_arg,
+    top_usage,
     usage_series_args,
 )
 from crossbar.errors import ClientError, bad_request, not_found, unavailable
@@ -99,16 +101,31 @@ class Admin(AdminActions):
     @app.route("/api/usage", methods=["GET"])
     @api
     async def usage(self, request: Any) -> dict[str, Any]:
-        """GET /api/usage?by=&since=: totals per route, host or model."""
+        """GET /api/usage?by=&since=&sort=&limit=: totals per route, host or model; `sort`
+        requests or errors (most first) or cache_hit_ratio (worst first), `limit` the top."""
         by = arg(request, "by") or "route"
         if by not in USAGE_GROUPS:
             raise bad_request(f"by: must be one of {', '.join(USAGE_GROUPS)}, not {by!r}")
+        sort = arg(request, "sort") or by
+        if sort not in (by, *USAGE_SORTS):
+            raise bad_request(f"sort: must be one of {by}, {', '.join(USAGE_SORTS)}, not {sort!r}")
+        limit = limit_arg(request, MAX_ROUTES, default=1) if arg(request, "limit") else None
         since = since_arg(arg(request, "since"), self.now())
         rows = await self._store.usage_totals(by, since)
         for row in rows:
             prompt = row["prompt_tokens"] or 0
             row["cache_hit_ratio"] = (row["cached_tokens"] or 0) / prompt if prompt else None
+        rows = top_usage(rows, sort, limit) if sort != by or limit else rows
         return {"by": by, "since": since, "usage": rows}
+
+    @app.route("/api/moves", methods=["GET"])
+    @api
+    async def moves(self, request: Any) -> dict[str, Any]:
+        """GET /api/moves?since=&limit=: the conversations moved between hosts most often."""
+        since = since_arg(arg(request, "since"), self.now(), default=self.now() - 86400)
+        limit = limit_arg(request, MAX_EVENTS, default=10)
+        assert since is not None
+        return {"since": since, "moves": await self._store.top_moves(since, limit)}
 
     @app.route("/api/usage/series", methods=["GET"])
     @api

@@ -15,6 +15,17 @@ from crossbar.route import Route
 from crossbar.units import parse_duration
 
 MAX_BUCKETS = 2000  # points per route in a usage series
+USAGE_SORTS = ("requests", "errors", "cache_hit_ratio")
+
+
+def top_usage(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[dict[str, Any]]:
+    """Usage rows sorted by `sort` (requests, errors: most first; cache_hit_ratio: worst
+    first, groups without prompt tokens last), the first `limit` of them."""
+    if sort == "cache_hit_ratio":
+        rows = sorted(rows, key=lambda r: (r[sort] is None, r[sort] or 0.0))
+    elif sort in USAGE_SORTS:
+        rows = sorted(rows, key=lambda r: -(r[sort] or 0))
+    return rows[:limit] if limit else rows
 
 
 def lease_row(lease: Lease, now: float) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from twisted.internet.threads import deferToThreadPool
 from crossbar.backends import SQLITE, Backend, backend_for, redact
 from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store_queries import usage_series_rows, usage_totals_rows
+from crossbar.store_queries import top_moves_rows, usage_series_rows, usage_totals_rows
 from crossbar.store_rollups import roll_up
 from crossbar.store_setup import StoreError, check, diagnose, init_connection, migrate, shut
 from crossbar.store_writes import ChangeRow, read_changes, write_change, write_draining
@@ -190,6 +190,10 @@ class Store:
         if bucket <= 0:
             raise ValueError(f"usage_series: bucket must be positive, not {bucket!r}")
         return await self._run("charting usage", usage_series_rows, self._backend, since, bucket)
+
+    async def top_moves(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """The conversations moved between hosts most often since `since`, most first."""
+        return await self._run("counting moves", top_moves_rows, self._backend, since, limit)
 
     async def roll_up(self, now: float, raw_before: float) -> tuple[int, int]:
         """Sum whole minutes of usage rows into per-minute rows, then delete the raw rows before

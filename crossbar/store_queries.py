@@ -125,3 +125,20 @@ def usage_series_rows(
         }
         for (b, route), (requests, prompt, cached, completion) in sorted(points.items())
     ]
+
+
+def top_moves_rows(
+    txn: Transaction, backend: Backend, since: float, limit: int
+) -> list[dict[str, Any]]:
+    """The conversations moved from one host to another most often since `since` (a lease
+    event with both hosts and a model: not a birth, a drop or a pin), most first."""
+    sql = """
+        SELECT route, fp, model, COUNT(*) AS n, MAX(at) AS last
+        FROM lease_events
+        WHERE at >= ? AND from_host <> '' AND to_host <> '' AND model <> ''
+        GROUP BY route, fp, model ORDER BY n DESC, last DESC, route, fp, model LIMIT ?"""
+    txn.execute(backend.sql(sql), (since, limit))
+    return [
+        {"route": route, "fp": fp, "model": model, "moves": int(n), "last_moved": last}
+        for route, fp, model, n, last in txn.fetchall()
+    ]

@@ -153,3 +153,31 @@ def test_a_scan_of_many_leases_gives_the_reactor_back_between_chunks():
     assert turns == 3  # a turn of the reactor after each of the first three chunks
     page = d.result
     assert page.total == (3 * CHUNK + 5) // 2 and len(page.rows) == 10
+
+
+@pytest_twisted.ensureDeferred
+async def test_top_tables_busiest_routes_worst_cache_hits_and_most_moved_conversations(crossbar):
+    from crossbar.records import LeaseEvent, UsageRow
+
+    store, now = crossbar.parts.store, crossbar.parts.clock.seconds()
+    rows = [UsageRow(now - 60, route, "f", MODEL, "titan", "/v1/chat/completions", 200, False,
+                     prompt_tokens=100, cached_tokens=cached)
+            for route, n, cached in [("team-1", 3, 90), ("team-2", 1, 10), ("team-3", 2, 50)]
+            for _ in range(n)]  # fmt: skip
+    await store.record_usage_rows(rows)
+    busiest = await crossbar.get("/api/usage?by=route&sort=requests&limit=2")
+    assert [(u["route"], u["requests"]) for u in busiest["usage"]] == [("team-1", 3), ("team-3", 2)]
+    worst = await crossbar.get("/api/usage?sort=cache_hit_ratio&limit=1")
+    assert [(u["route"], u["cache_hit_ratio"]) for u in worst["usage"]] == [("team-2", 0.1)]
+    code, body, _ = await crossbar.call("GET", "/api/usage?sort=size")
+    assert code == 400 and body["error"]["message"].startswith("sort:")
+
+    def moved(fp: str, at: float, reason: str = "unhealthy") -> LeaseEvent:
+        return LeaseEvent(at, "team-1", fp, MODEL, "titan", "atlas", reason)
+
+    await store.apply(events=[moved("x", now - 5), moved("x", now - 4), moved("y", now - 3),
+                              LeaseEvent(now - 2, "team-1", "z", MODEL, "", "titan", "new"),
+                              moved("old", now - 3 * 86400)])  # fmt: skip
+    answer = await crossbar.get("/api/moves?limit=5")
+    assert [(m["fp"], m["moves"]) for m in answer["moves"]] == [("x", 2), ("y", 1)]
+    assert (await crossbar.get("/api/moves?since=7d"))["moves"][-1]["fp"] == "old"
