@@ -24,6 +24,7 @@ from crossbar.admin_views import (
     lease_row,
     route_rows,
     since_arg,
+    top_series,
     top_usage,
     usage_series_args,
 )
@@ -130,9 +131,12 @@ class Admin(AdminActions):
     @app.route("/api/usage/series", methods=["GET"])
     @api
     async def usage_series(self, request: Any) -> dict[str, Any]:
-        """GET /api/usage/series?since=&bucket=: tokens per bucket and route (the chart)."""
+        """GET /api/usage/series?since=&bucket=&top=: tokens per bucket and route (the chart);
+        with `top`, that many routes and the rest as "(other)"."""
         since, bucket = usage_series_args(arg(request, "since"), arg(request, "bucket"), self.now())
         series = await self._store.usage_series(since, bucket)
+        if arg(request, "top"):
+            series = top_series(series, limit_arg(request, MAX_ROUTES, default=1, name="top"))
         return {"since": since, "bucket": bucket, "now": self.now(), "series": series}
 
     # -- the service

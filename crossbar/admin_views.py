@@ -42,6 +42,26 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
     }
 
 
+def top_series(series: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    """The points of the `top` routes with the most tokens; every other route's summed per
+    bucket as route "(other)", so a chart of a thousand routes stays a few lines."""
+    tokens: dict[str, int] = {}
+    for p in series:
+        tokens[p["route"]] = tokens.get(p["route"], 0) + p["prompt_tokens"] + p["completion_tokens"]
+    keep = set(sorted(tokens, key=lambda r: (-tokens[r], r))[:top])
+    out = [p for p in series if p["route"] in keep]
+    other: dict[float, dict[str, Any]] = {}
+    for p in series:
+        if p["route"] not in keep:
+            o = other.setdefault(p["at"], {**p, "route": "(other)"} | dict.fromkeys(_SUMS, 0))
+            for name in _SUMS:
+                o[name] += p[name]
+    return out + sorted(other.values(), key=lambda p: p["at"])
+
+
+_SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+
+
 def route_rows(
     config: Config, table: Table, usage: list[dict[str, Any]], limiter: Limiter
 ) -> list[dict[str, Any]]:
