@@ -44,6 +44,9 @@ _TABLES = (
     _Table("usage_minutes", ("minute", "route", "host", "model", "requests", "errors",
                              "prompt_tokens", "cached_tokens", "completion_tokens"),
            "minute, route, host, model", "per-minute usage sums", since=3),
+    _Table("usage_hours", ("hour", "route", "host", "model", "requests", "errors",
+                           "prompt_tokens", "cached_tokens", "completion_tokens"),
+           "hour, route, host, model", "per-hour usage sums", since=3),
 )  # fmt: skip
 
 
@@ -132,9 +135,9 @@ def _copy(src: _Conn, source: str, dst: _Conn, target: str) -> list[str]:
         (version,) = src.one("SELECT version FROM schema_version")
         counts = [(t, _copy_table(src, dst, t)) for t in _TABLES if version >= t.since]
         if version >= 3:  # how far the sums reach, and from when raw rows are kept
-            bounds = src.one("SELECT rolled_until, raw_from FROM usage_rollup")
+            bounds = src.one("SELECT rolled_until, hours_until, raw_from FROM usage_rollup")
             cur = dst.conn.cursor()
-            sql = "UPDATE usage_rollup SET rolled_until = ?, raw_from = ?"
+            sql = "UPDATE usage_rollup SET rolled_until = ?, hours_until = ?, raw_from = ?"
             cur.execute(dst.backend.sql(sql), tuple(bounds))
         dst.conn.commit()
     except MigrateError:

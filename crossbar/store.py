@@ -300,6 +300,7 @@ def _prune(
     txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
     usage = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage_minutes WHERE minute < ?"), (usage_before,))
+    txn.execute(backend.sql("DELETE FROM usage_hours WHERE hour < ?"), (usage_before,))
     txn.execute(backend.sql("DELETE FROM changes WHERE at < ?"), (changes_before,))
     txn.execute(f"DELETE FROM instances WHERE heartbeat < {backend.epoch_now} - 86400")
     return events, usage

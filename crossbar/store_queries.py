@@ -2,16 +2,18 @@
 thread).
 
 A report over a window the raw rows still cover (`since` at or after `raw_from`) reads the raw
-rows alone. An older window reads the per-minute sums (usage_minutes) before `rolled_until` and
-the raw rows from there on; the TTFB percentiles, which cannot be summed, come from the raw
+rows alone. An older window reads the raw rows from `rolled_until` on, the per-minute sums
+before it, and, for the whole hours before `hours_until`, the per-hour sums (a month is 720
+hours, not 43,200 minutes). The TTFB percentiles, which cannot be summed, come from the raw
 rows the window still has (the last server.usage_raw_retention). Every range read is on an
-index: usage (at) and usage_minutes' primary key, which starts with the minute.
+index: usage (at), and the sums' primary keys, which start with their minute or hour.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from attrs import frozen
 from twisted.enterprise.adbapi import Transaction
 
 from crossbar.backends import SQLITE, Backend
@@ -19,44 +21,83 @@ from crossbar.backends import SQLITE, Backend
 _NAMES = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
 _RAW_SUMS = """COUNT(*), SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END),
                SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)"""
-_MINUTE_SUMS = """SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens),
-                  SUM(completion_tokens)"""
+_SUMS = """SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens),
+           SUM(completion_tokens)"""
+_INF = float("inf")
 
 
-def rollup_bounds(txn: Transaction) -> tuple[float, float]:
-    """(rolled_until, raw_from): raw rows before the first are summed in usage_minutes; raw
-    rows are kept from the second on."""
-    txn.execute("SELECT rolled_until, raw_from FROM usage_rollup")
-    rolled_until, raw_from = txn.fetchone()
-    return float(rolled_until), float(raw_from)
+@frozen
+class Bounds:
+    """How far the sums reach: raw rows before `rolled_until` are in usage_minutes, minutes
+    before `hours_until` in usage_hours; raw rows are kept from `raw_from` on."""
+
+    rolled_until: float
+    raw_from: float
+    hours_until: float
 
 
-def _parts(
-    txn: Transaction, since: float | None
-) -> tuple[tuple[str, tuple], tuple[str, tuple] | None, float]:
-    """The raw rows' WHERE and the minutes' WHERE (None: raw rows alone answer) of a window,
-    and where the raw rows still kept begin (for percentiles)."""
-    rolled_until, raw_from = rollup_bounds(txn)
-    start = since if since is not None else float("-inf")
-    if since is not None and since >= raw_from:
-        return (" WHERE at >= ?", (since,)), None, since
-    minute = (start // 60) * 60 if since is not None else -1.0
-    raw = (" WHERE at >= ?", (max(start, rolled_until),))
-    return raw, (" WHERE minute >= ? AND minute < ?", (minute, rolled_until)), max(start, raw_from)
+@frozen
+class Part:
+    """One range of one table a report reads: `column` in [lo, hi)."""
+
+    table: str
+    column: str
+    lo: float
+    hi: float
+    sums: str
+
+
+def rollup_bounds(txn: Transaction) -> Bounds:
+    """The sums' reach, as usage_rollup records it."""
+    txn.execute("SELECT rolled_until, raw_from, hours_until FROM usage_rollup")
+    return Bounds(*(float(v) for v in txn.fetchone()))
+
+
+def _parts(txn: Transaction, since: float | None, hours: bool = True) -> tuple[list[Part], float]:
+    """The ranges of raw rows and sums a window from `since` reads (each row counted once),
+    and where the raw rows still kept begin (for percentiles). `hours`: whole hours may come
+    from the hourly sums (not for a series whose buckets are not whole hours)."""
+    b = rollup_bounds(txn)
+    start = since if since is not None else -_INF
+    if since is not None and since >= b.raw_from:
+        return [Part("usage", "at", since, _INF, _RAW_SUMS)], since
+    parts = [Part("usage", "at", max(start, b.rolled_until), _INF, _RAW_SUMS)]
+    minute = (start // 60) * 60 if since is not None else -_INF
+    hour = -(-minute // 3600) * 3600 if since is not None else -_INF  # the first whole hour
+    if hours and hour < b.hours_until:
+        parts.append(Part("usage_hours", "hour", hour, b.hours_until, _SUMS))
+        parts.append(Part("usage_minutes", "minute", minute, hour, _SUMS))
+        parts.append(Part("usage_minutes", "minute", b.hours_until, b.rolled_until, _SUMS))
+    else:
+        parts.append(Part("usage_minutes", "minute", minute, b.rolled_until, _SUMS))
+    return [p for p in parts if p.lo < p.hi], max(start, b.raw_from)
+
+
+def _select(parts: list[Part], what: str, group: str) -> tuple[str, tuple]:
+    """One SELECT per part (`what` with {col}: its time column), all in a UNION ALL."""
+    selects, args = [], []
+    for p in parts:
+        where, bounds = [], []
+        if p.lo != -_INF:
+            where.append(f"{p.column} >= ?")
+            bounds.append(p.lo)
+        if p.hi != _INF:
+            where.append(f"{p.column} < ?")
+            bounds.append(p.hi)
+        clause = " WHERE " + " AND ".join(where) if where else ""
+        head = what.format(col=p.column)
+        selects.append(f"SELECT {head}, {p.sums} FROM {p.table}{clause} GROUP BY {group}")
+        args += bounds
+    return f"SELECT * FROM ({' UNION ALL '.join(selects)}) parts", tuple(args)
 
 
 def usage_totals_rows(
     txn: Transaction, backend: Backend, by: str, since: float | None, percentiles: bool = True
 ) -> list[dict[str, Any]]:
     """Totals per `by` (a column name the caller checked: never client text)."""
-    (raw_where, raw_args), minutes, kept_from = _parts(txn, since)
-    sql = f"SELECT {by}, {_RAW_SUMS} FROM usage{raw_where} GROUP BY {by}"
-    args: tuple = raw_args
-    if minutes is not None:
-        sql += f" UNION ALL SELECT {by}, {_MINUTE_SUMS} FROM usage_minutes{minutes[0]}"
-        sql += f" GROUP BY {by}"
-        args += minutes[1]
-    txn.execute(backend.sql(f"SELECT * FROM ({sql}) parts"), args)
+    parts, kept_from = _parts(txn, since)
+    sql, args = _select(parts, by, by)
+    txn.execute(backend.sql(sql), args)
     totals: dict[str, list[int]] = {}
     for key, *values in txn.fetchall():
         sums = totals.setdefault(key, [0] * len(_NAMES))
@@ -97,17 +138,13 @@ def usage_series_rows(
     txn: Transaction, backend: Backend, since: float, bucket: float
 ) -> list[dict[str, Any]]:
     """Requests and tokens per bucket (aligned to multiples of it) and route."""
-    floor = "CAST({} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({} / ?) AS BIGINT)"
-    (raw_where, raw_args), minutes, _ = _parts(txn, since)
-    sql = f"SELECT {floor.format('at')} AS b, route, {_RAW_SUMS} FROM usage{raw_where}"
-    sql += " GROUP BY b, route"
-    args: tuple = (bucket, *raw_args)
-    if minutes is not None:
-        sql += (
-            f" UNION ALL SELECT {floor.format('minute')} AS b, route, {_MINUTE_SUMS}"
-            f" FROM usage_minutes{minutes[0]} GROUP BY b, route"
-        )
-        args += (bucket, *minutes[1])
+    floor = (
+        "CAST({col} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({col} / ?) AS BIGINT)"
+    )
+    parts, _ = _parts(txn, since, hours=bucket % 3600 == 0)
+    sql, args = _select(parts, floor + " AS b, route", "b, route")
+    # Each part's SELECT takes the bucket first, then its bounds.
+    args = _with_bucket(parts, args, bucket)
     txn.execute(backend.sql(sql), args)
     points: dict[tuple[int, str], list[int]] = {}
     for b, route, requests, _errors, prompt, cached, completion in txn.fetchall():
@@ -125,6 +162,15 @@ def usage_series_rows(
         }
         for (b, route), (requests, prompt, cached, completion) in sorted(points.items())
     ]
+
+
+def _with_bucket(parts: list[Part], args: tuple, bucket: float) -> tuple:
+    out, i = [], 0
+    for p in parts:
+        n = (p.lo != -_INF) + (p.hi != _INF)
+        out += [bucket, *args[i : i + n]]
+        i += n
+    return tuple(out)
 
 
 def top_moves_rows(

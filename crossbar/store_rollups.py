@@ -13,38 +13,64 @@ from crossbar.store_queries import rollup_bounds
 ROLLUP_LAG = 300.0
 
 
+_COLUMNS = "route, host, model, requests, errors, prompt_tokens, cached_tokens, completion_tokens"
+_ADD = ", ".join(
+    f"{c} = {{table}}.{c} + excluded.{c}"
+    for c in ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
+)
+
+
 def roll_up(txn: Transaction, backend: Backend, now: float, raw_before: float) -> tuple[int, int]:
     """Sum the raw rows of every whole minute up to `now - ROLLUP_LAG` not summed yet into
-    usage_minutes, then delete the raw rows before `raw_before` (never one not summed). Returns
-    (minute rows written, raw rows deleted). One transaction; a second instance doing the same
-    waits for the row lock and then finds the minutes done."""
+    usage_minutes, and the whole hours of those into usage_hours; then delete the raw rows
+    before `raw_before` (never one not summed). Returns (minute rows written, raw rows
+    deleted). One transaction; a second instance doing the same waits for the row lock, then
+    finds the work done."""
     if backend.begin_write:
         txn.execute(backend.begin_write)
     txn.execute("UPDATE usage_rollup SET rolled_until = rolled_until")  # the lock, on both
-    rolled_until, raw_from = rollup_bounds(txn)
+    b = rollup_bounds(txn)
+    rolled_until, hours_until, raw_from = b.rolled_until, b.hours_until, b.raw_from
     cutoff = ((now - ROLLUP_LAG) // 60) * 60
     written = 0
     if cutoff > rolled_until:
         minute = "CAST(at / 60 AS INTEGER) * 60" if backend is SQLITE else "FLOOR(at / 60) * 60"
+        sums = (
+            "COUNT(*), SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END), "
+            "SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)"
+        )
         txn.execute(
             backend.sql(
-                "INSERT INTO usage_minutes (minute, route, host, model, requests, errors, "
-                "prompt_tokens, cached_tokens, completion_tokens) "
-                f"SELECT {minute} AS m, route, host, model, COUNT(*), "
-                "SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END), "
-                "SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens) "
+                f"INSERT INTO usage_minutes (minute, {_COLUMNS}) "
+                f"SELECT {minute} AS m, route, host, model, {sums} "
                 "FROM usage WHERE at >= ? AND at < ? GROUP BY m, route, host, model "
                 "ON CONFLICT (minute, route, host, model) DO UPDATE SET "
-                "requests = usage_minutes.requests + excluded.requests, "
-                "errors = usage_minutes.errors + excluded.errors, "
-                "prompt_tokens = usage_minutes.prompt_tokens + excluded.prompt_tokens, "
-                "cached_tokens = usage_minutes.cached_tokens + excluded.cached_tokens, "
-                "completion_tokens = usage_minutes.completion_tokens + excluded.completion_tokens"
+                + _ADD.format(table="usage_minutes")
             ),
             (rolled_until, cutoff),
         )
         written = max(txn.rowcount, 0)
         rolled_until = cutoff
+    hour_cutoff = (rolled_until // 3600) * 3600
+    if hour_cutoff > hours_until:
+        hour = (
+            "CAST(minute / 3600 AS INTEGER) * 3600"
+            if backend is SQLITE
+            else ("FLOOR(minute / 3600) * 3600")
+        )
+        txn.execute(
+            backend.sql(
+                f"INSERT INTO usage_hours (hour, {_COLUMNS}) "
+                f"SELECT {hour} AS h, route, host, model, SUM(requests), SUM(errors), "
+                "SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens) "
+                "FROM usage_minutes WHERE minute >= ? AND minute < ? "
+                "GROUP BY h, route, host, model "
+                "ON CONFLICT (hour, route, host, model) DO UPDATE SET "
+                + _ADD.format(table="usage_hours")
+            ),
+            (hours_until, hour_cutoff),
+        )
+        hours_until = hour_cutoff
     deleted = 0
     before = min(raw_before, rolled_until)
     if before > raw_from:
@@ -52,7 +78,7 @@ def roll_up(txn: Transaction, backend: Backend, now: float, raw_before: float) -
         deleted = txn.rowcount
         raw_from = before
     txn.execute(
-        backend.sql("UPDATE usage_rollup SET rolled_until = ?, raw_from = ?"),
-        (rolled_until, raw_from),
+        backend.sql("UPDATE usage_rollup SET rolled_until = ?, hours_until = ?, raw_from = ?"),
+        (rolled_until, hours_until, raw_from),
     )
     return written, deleted

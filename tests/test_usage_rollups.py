@@ -104,10 +104,10 @@ def test_every_report_and_sweep_statement_reads_its_range_on_an_index(tmp_path):
     usage_series_rows(cur, SQLITE, NOW - 3600, 60.0)
     conn.set_trace_callback(None)
     reads = [s for s in statements if "usage" in s and not s.startswith(("UPDATE", "BEGIN"))]
-    assert len(reads) >= 10
+    assert len(reads) >= 10 and any("FROM usage_hours" in s for s in reads)
     for sql in reads:
         plan = " | ".join(row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql))
-        for table in ("usage", "usage_minutes"):
+        for table in ("usage", "usage_minutes", "usage_hours"):
             assert f"SCAN {table} " not in plan + " " and not plan.endswith(f"SCAN {table}"), (
                 sql,
                 plan,
