@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{r['backend']}: {r['rows']:,} rows over {r['days']:g} days, {r['routes']} routes")
     print(f"filled in {r['fill_s']:.1f} s; {r['bytes_before'] / 1e6:.0f} MB "
           f"({r['bytes_per_raw_row']:.0f} bytes per raw row)")  # fmt: skip
+    kept, after = r["raw_rows_kept"], r["bytes_after"] / 1e6
     print(f"roll-up: {r['rollup_s']:.1f} s, {r['minute_rows']:,} minute rows, "
-          f"{r['raw_rows_kept']:,} raw rows kept; {r['bytes_after'] / 1e6:.0f} MB after")  # fmt: skip
+          f"{kept:,} raw rows kept; {after:.0f} MB after")  # fmt: skip
     for name, t in r["timings"].items():
         print(f"  {name:>4}: /api/usage {t['usage_ms']:7.1f} ms   "
               f"/api/usage/series {t['series_ms']:7.1f} ms")  # fmt: skip
