@@ -24,6 +24,7 @@ _RAW_SUMS = """COUNT(*), SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 
 _SUMS = """SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens),
            SUM(completion_tokens)"""
 _INF = float("inf")
+PERCENTILE_SAMPLE = 10_000  # the latest raw rows of a window the TTFB percentiles read
 
 
 @frozen
@@ -53,24 +54,35 @@ def rollup_bounds(txn: Transaction) -> Bounds:
     return Bounds(*(float(v) for v in txn.fetchone()))
 
 
-def _parts(txn: Transaction, since: float | None, hours: bool = True) -> tuple[list[Part], float]:
+def _parts(
+    txn: Transaction, since: float | None, minutes: bool = True, hours: bool = True
+) -> tuple[list[Part], float]:
     """The ranges of raw rows and sums a window from `since` reads (each row counted once),
-    and where the raw rows still kept begin (for percentiles). `hours`: whole hours may come
-    from the hourly sums (not for a series whose buckets are not whole hours)."""
+    and where the raw rows still kept begin (for percentiles). Sums answer wherever they
+    exist: raw rows are read only after `rolled_until` (the last few minutes) and for the
+    window's first, partial minute. `minutes`/`hours`: whole minutes/hours may come from the
+    sums (not for a series whose buckets are not whole minutes/hours, while raw rows remain)."""
     b = rollup_bounds(txn)
     start = since if since is not None else -_INF
-    if since is not None and since >= b.raw_from:
-        return [Part("usage", "at", since, _INF, _RAW_SUMS)], since
-    parts = [Part("usage", "at", max(start, b.rolled_until), _INF, _RAW_SUMS)]
-    minute = (start // 60) * 60 if since is not None else -_INF
-    hour = -(-minute // 3600) * 3600 if since is not None else -_INF  # the first whole hour
+    kept_from = max(start, b.raw_from)
+    raw_covers = since is not None and since >= b.raw_from
+    if b.rolled_until <= start or (raw_covers and not minutes):
+        return [Part("usage", "at", start, _INF, _RAW_SUMS)], kept_from
+    parts = [Part("usage", "at", b.rolled_until, _INF, _RAW_SUMS)]
+    first = -(-start // 60) * 60 if since is not None else -_INF  # the first whole minute
+    if start < first:  # a partial minute: its raw rows if kept, else the whole minute's sum
+        if raw_covers:
+            parts.append(Part("usage", "at", start, min(first, b.rolled_until), _RAW_SUMS))
+        else:
+            first -= 60
+    hour = -(-first // 3600) * 3600 if since is not None else -_INF  # the first whole hour
     if hours and hour < b.hours_until:
+        parts.append(Part("usage_minutes", "minute", first, hour, _SUMS))
         parts.append(Part("usage_hours", "hour", hour, b.hours_until, _SUMS))
-        parts.append(Part("usage_minutes", "minute", minute, hour, _SUMS))
         parts.append(Part("usage_minutes", "minute", b.hours_until, b.rolled_until, _SUMS))
     else:
-        parts.append(Part("usage_minutes", "minute", minute, b.rolled_until, _SUMS))
-    return [p for p in parts if p.lo < p.hi], max(start, b.raw_from)
+        parts.append(Part("usage_minutes", "minute", first, b.rolled_until, _SUMS))
+    return [p for p in parts if p.lo < p.hi], kept_from
 
 
 def _select(parts: list[Part], what: str, group: str) -> tuple[str, tuple]:
@@ -118,20 +130,24 @@ def usage_totals_rows(
 def _percentiles(
     txn: Transaction, backend: Backend, by: str, since: float
 ) -> dict[str, tuple[float | None, float | None]]:
-    """Nearest-rank p50 and p95 of the time to first byte per `by`, over the raw rows."""
-    where, args = ("", ()) if since == float("-inf") else (" AND at >= ?", (since,))
-    sql = f"""
-        WITH ranked AS (
-            SELECT {by} AS k, ttfb_ms AS v,
-                   ROW_NUMBER() OVER (PARTITION BY {by} ORDER BY ttfb_ms) AS rn,
-                   COUNT(*) OVER (PARTITION BY {by}) AS n
-            FROM usage WHERE ttfb_ms IS NOT NULL{where})
-        -- nearest rank: the ceil(p * n)-th smallest, in integer arithmetic
-        SELECT k, MIN(CASE WHEN rn = (n + 1) / 2 THEN v END),
-                  MIN(CASE WHEN rn = (95 * n + 99) / 100 THEN v END)
-        FROM ranked GROUP BY k"""
-    txn.execute(backend.sql(sql), args)
-    return {k: (p50, p95) for k, p50, p95 in txn.fetchall()}
+    """Nearest-rank p50 and p95 of the time to first byte per `by`, over the window's latest
+    PERCENTILE_SAMPLE raw rows (all of them in a quieter window): read newest first on the
+    `at` index, so a busy day costs as much as a quiet hour."""
+    where, args = ("", ()) if since == -_INF else (" AND at >= ?", (since,))
+    sql = (
+        f"SELECT {by}, ttfb_ms FROM usage WHERE ttfb_ms IS NOT NULL{where} ORDER BY at DESC LIMIT ?"
+    )
+    txn.execute(backend.sql(sql), (*args, PERCENTILE_SAMPLE))
+    groups: dict[str, list[float]] = {}
+    for key, value in txn.fetchall():
+        groups.setdefault(key, []).append(float(value))
+    out = {}
+    for key, values in groups.items():
+        values.sort()
+        n = len(values)
+        # nearest rank: the ceil(p * n)-th smallest, in integer arithmetic
+        out[key] = (values[(n + 1) // 2 - 1], values[(95 * n + 99) // 100 - 1])
+    return out
 
 
 def usage_series_rows(
@@ -141,7 +157,7 @@ def usage_series_rows(
     floor = (
         "CAST({col} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({col} / ?) AS BIGINT)"
     )
-    parts, _ = _parts(txn, since, hours=bucket % 3600 == 0)
+    parts, _ = _parts(txn, since, minutes=bucket % 60 == 0, hours=bucket % 3600 == 0)
     sql, args = _select(parts, floor + " AS b, route", "b, route")
     # Each part's SELECT takes the bucket first, then its bounds.
     args = _with_bucket(parts, args, bucket)
