@@ -22,7 +22,7 @@ from crossbar.backends import SQLITE, Backend, backend_for, redact
 from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store_queries import top_moves_rows, usage_series_rows, usage_totals_rows
-from crossbar.store_rollups import roll_up
+from crossbar.store_rollups import RolledUp, roll_up
 from crossbar.store_setup import StoreError, check, diagnose, init_connection, migrate, shut
 from crossbar.store_writes import ChangeRow, read_changes, write_change, write_draining
 
@@ -195,9 +195,9 @@ class Store:
         """The conversations moved between hosts most often since `since`, most first."""
         return await self._run("counting moves", top_moves_rows, self._backend, since, limit)
 
-    async def roll_up(self, now: float, raw_before: float) -> tuple[int, int]:
-        """Sum whole minutes of usage rows into per-minute rows, then delete the raw rows before
-        `raw_before` that are summed; (minute rows written, raw rows deleted)."""
+    async def roll_up(self, now: float, raw_before: float) -> RolledUp:
+        """Sum whole minutes of usage rows into per-minute and per-hour rows (an hour's worth
+        at most), then delete the raw rows before `raw_before` that are summed."""
         return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------

@@ -11,6 +11,7 @@ from twisted.logger import Logger
 from crossbar.config import Config
 from crossbar.journal import StoreUnavailable
 from crossbar.lease import Table
+from crossbar.store_rollups import RolledUp
 
 log = Logger(namespace="crossbar.sweep")
 # Change-log rows older than this go: an instance that fell further behind reloads the store.
@@ -24,7 +25,7 @@ class PruningStore(Protocol):
         self, events_before: float, usage_before: float, changes_before: float = 0.0
     ) -> tuple[int, int]: ...
 
-    async def roll_up(self, now: float, raw_before: float) -> tuple[int, int]: ...
+    async def roll_up(self, now: float, raw_before: float) -> RolledUp: ...
 
 
 class Sweep:
@@ -55,8 +56,7 @@ class Sweep:
         # Raw rows older than usage_raw_retention go once summed per minute (those sums are
         # kept for usage_retention); never past usage_retention, should it be the shorter.
         raw_before = now - min(s.usage_raw_retention, s.usage_retention)
-        _, raw = await self._store.roll_up(now, raw_before)
-        usage += raw
+        usage += (await self._store.roll_up(now, raw_before)).deleted
         if expired or events or usage:
             log.info(
                 "sweep: {expired} leases expired; pruned {events} events, {usage} usage rows",
