@@ -16,6 +16,10 @@ from crossbar.store_rollups import RolledUp
 log = Logger(namespace="crossbar.sweep")
 # Change-log rows older than this go: an instance that fell further behind reloads the store.
 CHANGES_RETENTION = 3600.0
+# Roll-ups (an hour of usage each) per sweep at most: a day's backlog per sweep, so a store
+# upgraded with a month of raw rows catches up within the hour at the default interval, and a
+# long sweep_interval never falls behind.
+ROLLUP_STEPS = 24
 
 
 class PruningStore(Protocol):
@@ -56,7 +60,11 @@ class Sweep:
         # Raw rows older than usage_raw_retention go once summed per minute (those sums are
         # kept for usage_retention); never past usage_retention, should it be the shorter.
         raw_before = now - min(s.usage_raw_retention, s.usage_retention)
-        usage += (await self._store.roll_up(now, raw_before)).deleted
+        for _ in range(ROLLUP_STEPS):  # each a short transaction: other writes go between
+            rolled = await self._store.roll_up(now, raw_before)
+            usage += rolled.deleted
+            if rolled.caught_up:
+                break
         if expired or events or usage:
             log.info(
                 "sweep: {expired} leases expired; pruned {events} events, {usage} usage rows",

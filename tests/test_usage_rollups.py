@@ -135,3 +135,29 @@ def test_every_report_and_sweep_statement_reads_its_range_on_an_index(tmp_path):
                 plan,
             )
     assert ROLLUP_LAG >= 60
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_sweep_sums_a_day_of_backlog_per_run_and_prunes_raw_rows_after_48h(store):
+    from twisted.internet.task import Clock
+
+    from crossbar.config import parse_config
+    from crossbar.sweep import ROLLUP_STEPS, Sweep
+    from tests.lease_fakes import make_table
+
+    await fill(store)  # four days of rows
+    before = without_percentiles(await store.usage_totals("route"))
+    clock = Clock()
+    clock.advance(NOW)
+    config = parse_config({"hosts": {"a": {"url": "http://127.0.0.1:9", "models": ["m"]}}})
+    sweep = Sweep(config, await make_table(store), store, clock)
+    runs = 0
+    while True:
+        runs += 1
+        await sweep.run()
+        if (await store.roll_up(NOW, NOW - 2 * DAY)).caught_up:
+            break
+    assert runs == -(-4 * 24 // ROLLUP_STEPS)  # a day per sweep
+    assert without_percentiles(await store.usage_totals("route")) == before
+    [(raw,)] = await store._pool.runQuery("SELECT COUNT(*) FROM usage")
+    assert raw == 199  # the rows of the last two days (i >= 201 of 400) stay raw
