@@ -15,6 +15,7 @@ import heapq
 import json
 import re
 from collections.abc import Callable
+from operator import attrgetter
 from typing import Any
 
 from attrs import frozen
@@ -25,6 +26,7 @@ from crossbar.errors import bad_request
 from crossbar.lease import Lease, Table
 from crossbar.lease_types import Key
 
+_sort_key = attrgetter("route", "fp", "model")  # a Key as a tuple, in C
 CHUNK = 1000  # keys scanned per turn of the reactor (1-2 ms on a busy 2-core VM)
 LeaseSortKey = tuple[str, str, str]
 
@@ -92,20 +94,26 @@ async def lease_page(
     start: LeaseSortKey | None = tuple(after) if after is not None else None  # type: ignore[assignment]
     keys = table.keys(where.route)
     best: list[LeaseSortKey] = []
-    total = later = 0
-    for i in range(0, len(keys), CHUNK):
+    plain = where.host is None and where.model is None and where.fp is None
+    total = len(keys) if plain else 0
+    later = 0
+    step = CHUNK * 4 if plain else CHUNK  # no lease to read per key: four times as many
+    for i in range(0, len(keys), step):
         if i:
             await breathe(clock)
-        found = []
-        for key in keys[i : i + CHUNK]:
-            lease = table.lease(key)
-            if lease is None or not where.matches(lease):
-                continue  # gone while we gave the reactor back, or filtered out
-            total += 1
-            k = (key.route, key.fp, key.model)
-            if start is None or k > start:
-                later += 1
-                found.append(k)
+        if plain:  # every key counts: only the order is asked
+            found = [k for k in map(_sort_key, keys[i : i + step]) if start is None or k > start]
+        else:
+            found = []
+            for key in keys[i : i + step]:
+                lease = table.lease(key)
+                if lease is None or not where.matches(lease):
+                    continue  # gone while we gave the reactor back, or filtered out
+                total += 1
+                k = _sort_key(key)
+                if start is None or k > start:
+                    found.append(k)
+        later += len(found)
         best = heapq.nsmallest(limit, best + found)
     rows = []
     for route, fp, model in best:
