@@ -54,6 +54,8 @@ async def test_a_hundred_thousand_leases_paint_in_pages_and_refreshes_do_not_gro
             assert (leases, routes) == (50, 20)  # one page of each
             assert paint < 2000, paint
             assert f">{n:,}<" in element(dom, "totals")
+            for top in ("usage", "worst"):  # the one route that served a request, in both
+                assert element(dom, top).count("<tr data-route=") == 1, top
             sizes[n] = fetched
             print(f"{n} leases: {fetched} characters per refresh, painted at {paint} ms, "
                   f"chromium ran {wall:.1f} s")  # fmt: skip
