@@ -161,3 +161,22 @@ async def test_the_sweep_sums_a_day_of_backlog_per_run_and_prunes_raw_rows_after
     assert without_percentiles(await store.usage_totals("route")) == before
     [(raw,)] = await store._pool.runQuery("SELECT COUNT(*) FROM usage")
     assert raw == 199  # the rows of the last two days (i >= 201 of 400) stay raw
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_most_moved_conversations_count_moves_only(store):
+    from crossbar.records import LeaseEvent
+
+    def event(fp, at, frm="titan", to="atlas", model="m", reason="unhealthy"):
+        return LeaseEvent(at, "r", fp, model, frm, to, reason)
+
+    await store.apply(events=[event("x", 10.0), event("x", 20.0), event("y", 30.0),
+                              event("z", 40.0, frm=""),  # born, not moved
+                              event("", 50.0, model=""),  # a pin row
+                              event("x", 1.0)])  # fmt: skip
+    moves = await store.top_moves(since=5.0, limit=10)
+    assert [(m["fp"], m["moves"], m["last_moved"]) for m in moves] == [
+        ("x", 2, 20.0),
+        ("y", 1, 30.0),
+    ]
+    assert len(await store.top_moves(since=0.0, limit=1)) == 1
