@@ -21,6 +21,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 
 from crossbar.config import HostConfig, ModelConfig
+from crossbar.twisted_private import quiet_pool
 from crossbar.upstream import authorization
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
@@ -47,7 +48,7 @@ class Props:
 
 def build_client(reactor: IReactorTime) -> tuple[HTTPClient, HTTPConnectionPool]:
     """A treq client on its own persistent pool; the caller closes the pool when done."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool = quiet_pool(reactor, persistent=True)  # no "Starting factory" line per probe
     # One probe and one /props read per host at a time: two idle connections are plenty.
     pool.maxPersistentPerHost = 2
     return HTTPClient(Agent(reactor, pool=pool)), pool  # type: ignore[arg-type]

@@ -92,7 +92,8 @@ async def build_parts(
     )
     hosts.add_listener(limiter.resized)
     since = await store.last_change()  # before the leases: what comes after, the follower applies
-    table = await Table.load(store, hosts, Chooser(limiter), s.lease_idle, journal)
+    chooser = Chooser(limiter, held=hosts.held_down)
+    table = await Table.load(store, hosts, chooser, s.lease_idle, journal)
     follower = Follower(store, table, hosts, instance, since)
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
