@@ -53,9 +53,12 @@ def _key(key: Key) -> tuple:
     return (key.route, key.fp, key.model)
 
 
-def write_change(txn: Transaction, backend: Backend, instance: str, change: Change) -> Written:
-    """See `Change`: the conditional part first, so a failed condition writes nothing."""
-    if backend.begin_write:
+def write_change(
+    txn: Transaction, backend: Backend, instance: str, change: Change, begin: bool = True
+) -> Written:
+    """See `Change`: the conditional part first, so a failed condition writes nothing.
+    `begin`: open the write transaction (not when it is one of a group, store_batch.py)."""
+    if begin and backend.begin_write:
         txn.execute(backend.begin_write)
     saves = list(change.save)
     if change.expect is not None:
