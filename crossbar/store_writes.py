@@ -77,11 +77,7 @@ def write_change(
     kept: set[Key] = set()
     deleted = list(change.delete)
     if change.idle_before is not None:
-        sql = backend.sql(f"DELETE FROM leases WHERE {_KEY} AND last_used < ?")
-        for key in change.delete:
-            txn.execute(sql, (*_key(key), change.idle_before))
-            if txn.rowcount != 1:
-                kept.add(key)  # used since, on another instance: not idle after all
+        kept = _delete_idle(txn, backend, change.delete, change.idle_before)
         deleted = [key for key in deleted if key not in kept]
     elif deleted:
         txn.executemany(backend.sql(f"DELETE FROM leases WHERE {_KEY}"), map(_key, deleted))
@@ -95,6 +91,28 @@ def write_change(
     logged += [(key, "", "", 0.0, 0.0) for key in deleted]
     last = _log(txn, backend, instance, "lease", logged, at)
     return Written(kept=frozenset(kept), change_id=last)
+
+
+def _delete_idle(
+    txn: Transaction, backend: Backend, keys: Sequence[Key], before: float
+) -> set[Key]:
+    """Delete the leases of `keys` unused since `before`; the keys not deleted (used since,
+    on another instance: not idle after all). All in one go when every one goes (the usual
+    case, a sweep's batch); else again key by key, to tell which stayed."""
+    sql = backend.sql(f"DELETE FROM leases WHERE {_KEY} AND last_used < ?")
+    txn.execute("SAVEPOINT idle")
+    txn.executemany(sql, [(*_key(key), before) for key in keys])
+    if txn.rowcount == len(keys):
+        txn.execute("RELEASE SAVEPOINT idle")
+        return set()
+    txn.execute("ROLLBACK TO SAVEPOINT idle")
+    kept: set[Key] = set()
+    for key in keys:
+        txn.execute(sql, (*_key(key), before))
+        if txn.rowcount != 1:
+            kept.add(key)
+    txn.execute("RELEASE SAVEPOINT idle")
+    return kept
 
 
 def _conditional(txn: Transaction, backend: Backend, lease: Lease, had: str) -> bool:
