@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from overhead import BytesProducer, Reader, percentile
+from overhead import BytesProducer, Reader, cpu_seconds, percentile
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
@@ -168,10 +168,11 @@ async def run_probes(reactor: Any, party: Party, n: int, duration: float) -> Non
             health.append(took)
             await task.deferLater(reactor, 0.05, lambda: None)
 
-    lines = party.log_lines()
+    lines, cpu = party.log_lines(), cpu_seconds(party.crossbar.pid)
     work = [defer.ensureDeferred(worker(i)) for i in range(4)]
     await defer.gatherResults([*work, defer.ensureDeferred(health_checker())])
     logged = party.log_lines() - lines
+    cpu = 100 * (cpu_seconds(party.crossbar.pid) - cpu) / duration
     scrapes, size = [], 0
     for _ in range(5):
         _, _, body, took = await call(ag, reactor, b"GET", party.admin + "/metrics")
@@ -183,7 +184,9 @@ async def run_probes(reactor: Any, party: Party, n: int, duration: float) -> Non
     print(f"  crossbar's /health:  {ms(health)}")
     print(f"  /metrics: {size / 1024:.0f} KiB, {ms(scrapes)}")
     print(f"  /api/hosts: {hosts_took * 1000:.1f} ms")
-    print(f"  log lines: {logged / duration:.2f}/s")
+    print(
+        f"  log lines: {logged / duration:.2f}/s (a request log line each); crossbar CPU {cpu:.0f}%"
+    )
 
 
 async def quiet(reactor: Any, args: argparse.Namespace) -> None:
