@@ -240,9 +240,8 @@ async def flap(reactor: Any, args: argparse.Namespace) -> None:
             i += 1
             await task.deferLater(reactor, 0.5, lambda: None)
         await defer.gatherResults(running, consumeErrors=True)
-        _, _, body, _ = await call(ag, reactor, b"GET", party.admin + "/api/events?limit=100000")
-        events = json.loads(body)
-        events = events.get("events", events) if isinstance(events, dict) else events
+        _, _, body, _ = await call(ag, reactor, b"GET", party.admin + "/api/events?limit=1000")
+        events = json.loads(body)["events"]
         moved = sum(1 for e in events if e["from_host"] == "flappy" and e["reason"] == "unhealthy")
         print(f"flapping host (2 s down / 2 s up) for {args.duration:g} s: {len(conversations)} "
               f"new conversations, placed {placed}; {moved} moved off flappy again")  # fmt: skip
