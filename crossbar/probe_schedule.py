@@ -3,8 +3,9 @@
 Probing every host in one round made a burst of connections, parses and callbacks once per
 interval: with 200 hosts at 1 s it held the reactor for 40-140 ms each second, and every
 proxied request that arrived meanwhile waited. Here each host has its own timer: its first
-probe comes at a fixed phase of the interval (from a hash of its name, so the phases scatter
-evenly and stay put across restarts and reloads), and each next one `health_interval` after
+probe comes at a fixed phase of the interval, one of SLOTS (from a hash of its name, so hosts
+scatter evenly over them and stay put across restarts and reloads), and each next one
+`health_interval` after
 the previous one started, or as soon as it ended when it took longer (a host is never probed
 twice at once). The start-up round (`Hosts.probe_all`) still probes every host at once, as
 the proxy port waits for it.
