@@ -2,6 +2,7 @@
 conversations. Each scenario starts every party itself and prints its numbers.
 
     .venv/bin/python bench/fleet.py probes  [--duration 20]   # 3 vs 200 hosts at 1 s probes
+    .venv/bin/python bench/fleet.py lag     [--duration 15]   # reactor gaps: rounds vs spread
     .venv/bin/python bench/fleet.py quiet   [--duration 10]   # log lines/s, 199 hosts down
     .venv/bin/python bench/fleet.py flap    [--duration 120]  # one host down 2 s / up 2 s
     .venv/bin/python bench/fleet.py expiry  [--leases 100000] # sweep of idle leases, in process
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_store import expiry, ms, store_burst
+from fleet_store import expiry, ms, probe_lag, store_burst
 from overhead import BytesProducer, Reader, cpu_seconds
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
@@ -181,6 +182,14 @@ async def run_probes(reactor: Any, party: Party, n: int, duration: float) -> Non
     )
 
 
+async def lag(reactor: Any, args: argparse.Namespace) -> None:
+    party = Party()
+    try:
+        await probe_lag(reactor, args, party.health_ports(199))
+    finally:
+        party.stop()
+
+
 async def quiet(reactor: Any, args: argparse.Namespace) -> None:
     party = Party()
     try:
@@ -292,6 +301,7 @@ def serve_health(reactor: Any, n: int) -> defer.Deferred[None]:
 
 SCENARIOS = {
     "probes": probes,
+    "lag": lag,
     "quiet": quiet,
     "flap": flap,
     "burst": burst,
@@ -311,7 +321,7 @@ def main() -> None:
     if args.scenario == "serve-health":
         task.react(lambda reactor: serve_health(reactor, args.n))
         return
-    defaults = {"probes": 20.0, "quiet": 10.0, "flap": 120.0}
+    defaults = {"probes": 20.0, "lag": 15.0, "quiet": 10.0, "flap": 120.0}
     args.duration = args.duration or defaults.get(args.scenario, 0.0)
     fn = SCENARIOS[args.scenario]
     task.react(lambda reactor: defer.ensureDeferred(fn(reactor, args)))

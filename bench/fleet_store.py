@@ -132,3 +132,44 @@ async def expiry(reactor: Any, args: argparse.Namespace) -> None:
     finally:
         await store.close()
         shutil.rmtree(work, ignore_errors=True)
+
+
+async def probe_lag(reactor: Any, args: argparse.Namespace, ports: list[str]) -> None:
+    """199 hosts probed in this process, every 1 s, in rounds (all at once, as before) and on
+    the spread schedule: the reactor's gaps between 5 ms ticks over `--duration` seconds."""
+    import time
+
+    from crossbar.config import parse_config
+    from crossbar.hosts import Hosts
+    from crossbar.service import probe_timer
+
+    hosts = {f"h{i:03}": {"url": url, "models": ["m"], "parallel": 1, "ctx": 8192}
+             for i, url in enumerate(ports)}  # fmt: skip
+    config = parse_config({"server": {"health_interval": "1s"}, "hosts": hosts})
+    for mode in ("rounds", "spread"):
+        probed = Hosts(config, reactor)
+        await probed.probe_all()
+        if mode == "rounds":
+            timer: Any = task.LoopingCall(probed.probe_all)
+            timer.start(1.0)
+        else:
+            timer = probe_timer(config, probed, reactor)
+            timer.startService()
+        gaps: list[float] = []
+        ticker = task.LoopingCall(_tick, gaps, [time.perf_counter()])
+        ticker.start(0.005)
+        cpu = time.process_time()
+        await task.deferLater(reactor, args.duration, lambda: None)
+        ticker.stop()
+        timer.stop() if mode == "rounds" else timer.stopService()
+        await probed.stop()
+        cpu = 100 * (time.process_time() - cpu) / args.duration
+        print(f"199 hosts, {mode}: reactor gaps {ms(gaps)}; CPU {cpu:.0f}%")
+
+
+def _tick(gaps: list[float], last: list[float]) -> None:
+    import time
+
+    now = time.perf_counter()
+    gaps.append(now - last[0])
+    last[0] = now
