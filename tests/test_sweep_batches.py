@@ -96,3 +96,18 @@ def test_the_sweep_takes_its_batch_from_the_config():
     config = parse_config({"server": {"sweep_batch": 7}, "hosts": {"a": a}})
     assert run_now(Sweep(config, table, store, clock).run()) == (30, 0, 0)
     assert store.batches == [7, 7, 7, 7, 2]
+
+
+def test_the_new_keys_are_checked_with_their_dotted_paths():
+    import pytest
+
+    from crossbar.config import ConfigError, parse_config
+
+    a = {"url": "http://a:8080", "models": ["m"]}
+    bad = {"sweep_batch": 0, "flap_window": "soon", "flap_holddown_max": 5}
+    with pytest.raises(ConfigError) as caught:
+        parse_config({"server": bad, "hosts": {"a": a}})
+    paths = sorted(line.split(":")[0] for line in caught.value.errors)
+    assert paths == ["server.flap_holddown_max", "server.flap_window", "server.sweep_batch"]
+    good = parse_config({"server": {"flap_holddown": "0s"}, "hosts": {"a": a}}).server
+    assert good.flap_holddown == 0 and good.sweep_batch == 500  # "0s": no damping
