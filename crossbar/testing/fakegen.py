@@ -124,6 +124,9 @@ def parse_job(fake: FakeLlama, path: str, body: dict[str, Any]) -> Job:
             n_prompt_tokens=len(prompt),
             n_ctx=ctx,
         )
+    eos = fake.config.eos_after
+    if eos is not None and n_predict > eos:
+        n_predict, limited = eos, False  # the model is done before its limit
     if n_predict > ctx - len(prompt):
         n_predict, limited = ctx - len(prompt), True  # the context fills up
     id_slot = body.get("id_slot", -1)
