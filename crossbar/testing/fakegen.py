@@ -146,7 +146,13 @@ def parse_job(fake: FakeLlama, path: str, body: dict[str, Any]) -> Job:
         messages=messages,
         created=int(fake.reactor.seconds()),
         item_id="msg_" + secrets.token_hex(12),
+        include_usage=_include_usage(body),
     )
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _sleep(fake: FakeLlama, seconds: float) -> Deferred[None]:
