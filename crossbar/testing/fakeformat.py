@@ -36,6 +36,7 @@ class Job:
     cache_n: int = 0  # prompt tokens the slot's cache held, known once the job has a slot
     item_id: str = ""  # Responses: the output message's id
     include_usage: bool = False  # chat streams: `stream_options.include_usage`
+    tool_call: Any = None  # faketools.ToolCall: the reply is this call instead of text
     seq: int = field(default=0)  # Responses: sequence_number of the next event
 
 
