@@ -36,22 +36,29 @@ class Stage:
         return self.crossbar.base + "/r/agents"
 
     async def run(self, agent: Agent, work: pathlib.Path) -> tuple[int, str]:
-        """Run `agent`'s task in `work` (HOME is `work`'s sibling `home`, made by the caller);
-        its exit code and what it printed."""
-        argv, extra = agent.command(work, self.base)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "OPENAI"))}
-        env |= QUIET | {"HOME": str(work.parent / "home"), "PWD": str(work)} | extra
-        session = _Session()
-        reactor.spawnProcess(session, argv[0], argv, env=env, path=str(work))
-        try:
-            code = await session.ended.addTimeout(SESSION_TIMEOUT, reactor)
-        finally:
-            if session.transport.pid is not None:  # timed out: never leave it running
-                session.transport.signalProcess("KILL")
-        return code, session.printed.decode("utf-8", "replace")
+        """Run `agent`'s task in `work` against route `agents`."""
+        return await run_agent(agent, work, self.base)
 
     async def stop(self) -> None:
         await self.crossbar.stop()
+
+
+async def run_agent(
+    agent: Agent, work: pathlib.Path, base: str, seconds: float = SESSION_TIMEOUT
+) -> tuple[int, str]:
+    """Run `agent`'s task in `work` against the route at `base` (HOME is `work`'s sibling
+    `home`, made by the caller); its exit code and what it printed."""
+    argv, extra = agent.command(work, base)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC", "OPENAI"))}
+    env |= QUIET | {"HOME": str(work.parent / "home"), "PWD": str(work)} | extra
+    session = _Session()
+    reactor.spawnProcess(session, argv[0], argv, env=env, path=str(work))
+    try:
+        code = await session.ended.addTimeout(seconds, reactor)
+    finally:
+        if session.transport.pid is not None:  # timed out: never leave it running
+            session.transport.signalProcess("KILL")
+    return code, session.printed.decode("utf-8", "replace")
 
 
 class _Session(ProcessProtocol):
