@@ -49,7 +49,9 @@ class ServerConfig:
     upstream_idle_timeout: float = 600.0
     fingerprint_chars: int = 4096
     usage_retention: float = 30 * _DAY
+    usage_raw_retention: float = 2 * _DAY  # raw rows; per-minute sums after (usage_retention)
     events_retention: float = 30 * _DAY
+    metrics_routes: tuple[str, ...] = ()  # template routes labelled by name in /metrics
     shutdown_grace: float = 30.0
     remember_ids: int = 100_000
     header_timeout: float = 10.0
@@ -166,7 +168,9 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
         fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
         usage_retention=t.duration("usage_retention", d.usage_retention),
+        usage_raw_retention=t.duration("usage_raw_retention", d.usage_raw_retention),
         events_retention=t.duration("events_retention", d.events_retention),
+        metrics_routes=t.string_list("metrics_routes", d.metrics_routes),
         shutdown_grace=t.duration("shutdown_grace", d.shutdown_grace, positive=False),
         remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
         header_timeout=t.duration("header_timeout", d.header_timeout),

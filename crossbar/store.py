@@ -21,7 +21,8 @@ from twisted.internet.threads import deferToThreadPool
 from crossbar.backends import SQLITE, Backend, backend_for, redact
 from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store_queries import usage_series_rows, usage_totals_rows
+from crossbar.store_queries import top_moves_rows, usage_series_rows, usage_totals_rows
+from crossbar.store_rollups import RolledUp, roll_up
 from crossbar.store_setup import StoreError, check, diagnose, init_connection, migrate, shut
 from crossbar.store_writes import ChangeRow, read_changes, write_change, write_draining
 
@@ -172,13 +173,16 @@ class Store:
         await self._run("recording usage", _execute_many, self._backend, self._backend.sql(sql),
                         values)  # fmt: skip
 
-    async def usage_totals(self, by: str, since: float | None = None) -> list[dict[str, Any]]:
+    async def usage_totals(
+        self, by: str, since: float | None = None, percentiles: bool = True
+    ) -> list[dict[str, Any]]:
         """Totals per route, host or model (`by`), sorted by it: requests, errors (status >= 400
-        or an error), tokens, and the nearest-rank p50/p95 time to first byte (None when no
-        request of the group measured one)."""
+        or an error), tokens, and the nearest-rank p50/p95 time to first byte over the raw rows
+        (None when no request of the group measured one, or `percentiles` is false)."""
         if by not in USAGE_GROUPS:
             raise ValueError(f"usage_totals: by must be one of {USAGE_GROUPS}, not {by!r}")
-        return await self._run("summing usage", usage_totals_rows, self._backend, by, since)
+        args = (self._backend, by, since, percentiles)
+        return await self._run("summing usage", usage_totals_rows, *args)
 
     async def usage_series(self, since: float, bucket: float) -> list[dict[str, Any]]:
         """Per `bucket` seconds (aligned to multiples of it) and route, from `since` on:
@@ -186,6 +190,15 @@ class Store:
         if bucket <= 0:
             raise ValueError(f"usage_series: bucket must be positive, not {bucket!r}")
         return await self._run("charting usage", usage_series_rows, self._backend, since, bucket)
+
+    async def top_moves(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """The conversations moved between hosts most often since `since`, most first."""
+        return await self._run("counting moves", top_moves_rows, self._backend, since, limit)
+
+    async def roll_up(self, now: float, raw_before: float) -> RolledUp:
+        """Sum whole minutes of usage rows into per-minute and per-hour rows (an hour's worth
+        at most), then delete the raw rows before `raw_before` that are summed."""
+        return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 
@@ -286,6 +299,8 @@ def _prune(
     events = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
     usage = txn.rowcount
+    txn.execute(backend.sql("DELETE FROM usage_minutes WHERE minute < ?"), (usage_before,))
+    txn.execute(backend.sql("DELETE FROM usage_hours WHERE hour < ?"), (usage_before,))
     txn.execute(backend.sql("DELETE FROM changes WHERE at < ?"), (changes_before,))
     txn.execute(f"DELETE FROM instances WHERE heartbeat < {backend.epoch_now} - 86400")
     return events, usage
