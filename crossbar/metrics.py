@@ -300,13 +300,19 @@ def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
     flips = CounterMetricFamily(
         "crossbar_host_health_flips", "Health changes of each host.", labels=["host"]
     )
+    held = GaugeMetricFamily(
+        "crossbar_host_held_down",
+        "1 while a flapping host is held out of new placements, else 0.",
+        labels=["host"],
+    )
     counted = hosts.flips
     for name in config.hosts:
+        held.add_metric([name], 1 if hosts.held_down(name) else 0)
         pins.add_metric([name], pinned.get(name, 0))
         healthy.add_metric([name], 1 if hosts.healthy(name) else 0)
         draining.add_metric([name], 1 if hosts.draining(name) else 0)
         flips.add_metric([name], counted.get(name, 0))
-    yield from (leases, pins, healthy, draining, flips)
+    yield from (leases, pins, healthy, draining, flips, held)
     yield CounterMetricFamily(
         "crossbar_probe_errors",
         "Bugs caught in health probe rounds (a probe that fails is not one).",

@@ -50,7 +50,7 @@ class Sweep:
         now = self._clock.seconds()
         s = self._config.server
         try:
-            expired = await self._table.expire_idle(now)
+            expired = await self._table.expire_idle(now, s.sweep_batch)
         except StoreUnavailable:
             log.info("sweep: the store cannot be written; idle leases expire once it can")
             return 0, 0, 0

@@ -24,9 +24,13 @@ class FakeHosts:
 
     down: set[str] = field(factory=set)
     drained: set[str] = field(factory=set)
+    held: set[str] = field(factory=set)  # held out of new placements after flapping
 
     def healthy(self, name: str) -> bool:
         return name not in self.down
+
+    def held_down(self, name: str) -> bool:
+        return name in self.held
 
     def draining(self, name: str) -> bool:
         return name in self.drained
