@@ -123,6 +123,8 @@ class Metrics:
 
     def observe(self, row: UsageRow) -> None:
         """One finished request (a UsageRecorder observer)."""
+        if row.lease == "prewarm":
+            return  # crossbar's own hand-off work, counted apart (prewarm.py)
         route, host, model = self._labels(row)
         self.requests.labels(route, host, model, str(row.status)).inc()
         if row.status >= 400 or row.error:

@@ -28,6 +28,7 @@ from zope.interface import implementer
 from crossbar.config import Config, ConfigError, load_config
 from crossbar.follower import FOLLOW_EVERY
 from crossbar.hosts import Hosts
+from crossbar.rebalance import TICK as REBALANCE_TICK
 from crossbar.store import Store
 from crossbar.sweep import Sweep
 from crossbar.wiring import Parts, Sites, build_parts, make_sites
@@ -144,6 +145,10 @@ class CrossbarService(MultiService):
         follow.setServiceParent(self)
         beats = Every("heartbeat", _health_interval, config, parts.instances.beat, reactor)
         beats.setServiceParent(self)
+        rebalance = Every(
+            "rebalance", _rebalance_every, config, parts.handoff.rebalancer.tick, reactor
+        )
+        rebalance.setServiceParent(self)
         self.proxy_port = await self._listen("proxy", s.listen, sites.proxy)
         self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
         address = self.proxy_port.getHost()
@@ -163,6 +168,7 @@ class CrossbarService(MultiService):
             sweeper.reconfigure,
             parts.instances.reconfigure,
             beats.reconfigure,
+            parts.handoff.reconfigure,
         ]
         self._install_sighup()
         log.info(
@@ -259,6 +265,7 @@ class CrossbarService(MultiService):
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
         await parts.upstream.close()
+        parts.handoff.close()
         await parts.instances.leave()
         parts.journal.stop()
         await parts.store.close()  # last: every row written before the stop is kept
@@ -277,6 +284,10 @@ def probe_timer(config: Config, hosts: Hosts, clock: Any) -> Every:
 
 def _follow_every(config: Config) -> float:
     return FOLLOW_EVERY
+
+
+def _rebalance_every(config: Config) -> float:
+    return REBALANCE_TICK
 
 
 def _sweep_interval(config: Config) -> float:

@@ -1,0 +1,143 @@
+"""Rebalance (per route, `rebalance = true`): move idle conversations off a host whose queue
+stays full to a candidate with free slots, prewarmed, so their next turns stop queueing there.
+
+Every `tick` (the service runs it each second on its clock) each (host, model) is looked at:
+one with waiters has been hot since the first tick that saw them; an empty queue cools it.
+Once a host has been hot for a route's `rebalance_after` and another candidate of the route
+for that model has free slots and nobody waiting, the route's least recently used
+conversations on the hot host that have been idle for `rebalance_idle` and have no request in
+flight move there (warm hand-off, handoff.py; events say reason "rebalance"): as many per tick
+as the cool host has free slots, at most `rebalance_per_minute` per route in any minute.
+Route leases (affinity = "route"), pinned routes and draining or unhealthy hosts never move.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from crossbar.config import Config
+from crossbar.handoff import HandOff
+from crossbar.hosts import Hosts
+from crossbar.lease import Lease, Table
+from crossbar.limiter import Limiter
+from crossbar.route import Route
+
+log = Logger(namespace="crossbar.rebalance")
+TICK = 1.0  # seconds between looks; cheap: only queues with waiters lead anywhere
+_MINUTE = 60.0
+
+
+class Rebalancer:
+    """Watches the queues and moves idle conversations of rebalancing routes."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        config: Config,
+        table: Table,
+        hosts: Hosts,
+        limiter: Limiter,
+        handoff: HandOff,
+    ) -> None:
+        self._clock = clock
+        self._config = config
+        self._table = table
+        self._hosts = hosts
+        self._limiter = limiter
+        self._handoff = handoff
+        self._hot_since: dict[tuple[str, str], float] = {}
+        self._recent: dict[str, deque[float]] = {}  # per route: when its moves started
+        self.moves: list[Deferred[object]] = []  # moves under way (tests wait on them)
+
+    def reconfigure(self, config: Config) -> None:
+        self._config = config
+
+    def tick(self) -> int:
+        """Look at the queues now and start the moves due; returns how many started."""
+        now = self._clock.seconds()
+        self.moves = [d for d in self.moves if not d.called]
+        for pair in list(self._hot_since):
+            if self._limiter.queued(*pair) == 0:
+                del self._hot_since[pair]
+        for state in self._limiter.snapshot():
+            if state.queued:
+                self._hot_since.setdefault((state.host, state.model), now)
+        if not self._hot_since:
+            return 0
+        routes = [r for r in self._routes() if r.rebalance]
+        started = 0
+        for route in routes:
+            started += self._route_tick(route, now)
+        return started
+
+    def _routes(self) -> list[Route]:
+        config = self._config
+        names = {lease.key.route for lease in self._table.snapshot()}
+        routes = [config.route(name) for name in sorted(names)]
+        return [r for r in routes if r is not None]
+
+    def _route_tick(self, route: Route, now: float) -> int:
+        if self._table.pinned(route.name) is not None or route.per_route():
+            return 0
+        recent = self._recent.setdefault(route.name, deque())
+        while recent and now - recent[0] >= _MINUTE:
+            recent.popleft()
+        started = 0
+        for (host, model), since in sorted(self._hot_since.items()):
+            if now - since < route.rebalance_after:
+                continue
+            candidates = self._config.hosts_for(route, model, self._hosts.models)
+            if host not in candidates:
+                continue
+            cool = self._coolest(candidates, host, model)
+            if cool is None:
+                continue
+            room = self._limiter.free_slots(cool, model)
+            for lease in self._movable(route, host, model, now)[:room]:
+                if len(recent) >= route.rebalance_per_minute:
+                    return started
+                recent.append(now)
+                started += 1
+                log.info(
+                    "rebalance: {route} conversation {fp} moves {host} -> {cool}",
+                    route=route.name, fp=lease.key.fp, host=host, cool=cool,
+                )  # fmt: skip
+                self.moves.append(Deferred.fromCoroutine(
+                    self._handoff.move(lease.key, cool, "rebalance")
+                ))  # fmt: skip
+        return started
+
+    def _coolest(self, candidates: list[str], hot: str, model: str) -> str | None:
+        """The candidate with the most free slots and nobody waiting (config order breaks ties)."""
+        limiter, hosts = self._limiter, self._hosts
+        cool = [
+            h
+            for h in candidates
+            if h != hot
+            and hosts.healthy(h)
+            and not hosts.draining(h)
+            and limiter.queued(h, model) == 0
+            and limiter.free_slots(h, model) > 0
+        ]
+        if not cool:
+            return None
+        return max(cool, key=lambda h: (limiter.free_slots(h, model), -candidates.index(h)))
+
+    def _movable(self, route: Route, host: str, model: str, now: float) -> list[Lease]:
+        """The route's idle conversations on `host`, least recently used first."""
+        handoff = self._handoff
+        idle = [
+            lease
+            for lease in self._table.snapshot(route.name)
+            if lease.host == host
+            and lease.key.model == model
+            and lease.key.fp
+            and now - lease.last_used >= route.rebalance_idle
+            and not handoff.busy(lease.key)
+            and not handoff.moving(lease.key)
+        ]
+        return sorted(idle, key=lambda lease: lease.last_used)
