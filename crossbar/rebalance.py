@@ -7,13 +7,15 @@ Once a host has been hot for a route's `rebalance_after` and another candidate o
 for that model has free slots and nobody waiting, the route's least recently used
 conversations on the hot host that have been idle for `rebalance_idle` and have no request in
 flight move there (warm hand-off, handoff.py; events say reason "rebalance"): as many per tick
-as the cool host has free slots, at most `rebalance_per_minute` per route in any minute.
+as the cool host has free slots, at most `rebalance_per_minute` per route in any minute, and
+only while the cool host, one lease more, stays no more loaded (leases per slot) than the hot
+one, one lease fewer: a move costs a full prefill of its prompt, so nothing ever moves back.
 Route leases (affinity = "route"), pinned routes and draining or unhealthy hosts never move.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -52,6 +54,7 @@ class Rebalancer:
         self._hot_since: dict[tuple[str, str], float] = {}
         self._recent: dict[str, deque[float]] = {}  # per route: when its moves started
         self.moves: list[Deferred[object]] = []  # moves under way (tests wait on them)
+        self._under_way: Counter[tuple[str, str]] = Counter()  # (host, model): leases coming
 
     def reconfigure(self, config: Config) -> None:
         self._config = config
@@ -100,16 +103,41 @@ class Rebalancer:
             for lease in self._movable(route, host, model, now)[:room]:
                 if len(recent) >= route.rebalance_per_minute:
                     return started
+                if not self._evens_out(host, cool, model):
+                    break
                 recent.append(now)
                 started += 1
                 log.info(
                     "rebalance: {route} conversation {fp} moves {host} -> {cool}",
                     route=route.name, fp=lease.key.fp, host=host, cool=cool,
                 )  # fmt: skip
-                self.moves.append(Deferred.fromCoroutine(
-                    self._handoff.move(lease.key, cool, "rebalance")
-                ))  # fmt: skip
+                self.moves.append(self._move(lease, host, cool))
         return started
+
+    def _move(self, lease: Lease, hot: str, cool: str) -> Deferred[object]:
+        model = lease.key.model
+        self._under_way[(cool, model)] += 1
+        self._under_way[(hot, model)] -= 1
+
+        def done(result: object) -> object:
+            self._under_way[(cool, model)] -= 1
+            self._under_way[(hot, model)] += 1
+            return result
+
+        move = Deferred.fromCoroutine(self._handoff.move(lease.key, cool, "rebalance"))
+        return move.addBoth(done)
+
+    def _evens_out(self, hot: str, cool: str, model: str) -> bool:
+        """Whether one more lease on `cool` leaves it no more loaded (leases per slot) than
+        `hot` with one fewer: moves stop once the two are even, so none ever comes back."""
+        limiter = self._limiter
+
+        def leases(host: str) -> int:  # moves under way counted where they go
+            return self._table.count(host, model) + self._under_way[(host, model)]
+
+        after_cool = (leases(cool) + 1) / max(1, limiter.parallel(cool, model))
+        after_hot = (leases(hot) - 1) / max(1, limiter.parallel(hot, model))
+        return after_cool <= after_hot
 
     def _coolest(self, candidates: list[str], hot: str, model: str) -> str | None:
         """The candidate with the most free slots and nobody waiting (config order breaks ties)."""
