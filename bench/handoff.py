@@ -3,8 +3,9 @@
     .venv/bin/python bench/handoff.py [--conversations 24] [--duration 60] [--json]
 
 Starts, per scenario, three `crossbar-fakellama` hosts (`--parallel` slots each, a prefill
-cost of `--prefill-ms` per uncached prompt token, `--tokens-per-second`, and enough idle
-prompt caches for every conversation) and one crossbar under twistd in front of them, with
+cost of `--prefill-ms` per uncached prompt token, `--tokens-per-second`, `--cache-slots` idle
+prompt caches kept besides the slots, as llama-server's `--cache-ram` holds a few) and one
+crossbar under twistd in front of them, with
 the hand-off store on (`handoff_store = "256MiB"`) and one route over the three hosts:
 `rebalance = false` in the first scenario, `rebalance = true` (with `rebalance_after`,
 `rebalance_idle` and `rebalance_per_minute` from the command line) in the second.
@@ -13,8 +14,9 @@ Skewed start: half of `--conversations` are placed on the first host (the two ot
 through the admin API while their first turn is made), the other half on the two other hosts.
 Then each conversation acts like a coding agent: it thinks for an exponentially distributed
 time (mean `--think` seconds, seeded), sends its next turn (its whole history, streamed, a
-reply of `--tokens` tokens), and so on for `--duration` seconds. Measured per scenario: time
-to first token (the first SSE event) of every turn, p50 and p95; the prompt tokens the three
+reply of `--tokens` tokens), and so on for `--warmup` + `--duration` seconds. Measured per
+scenario: time to first token (the first SSE event) of every turn sent after the warm-up, p50
+and p95; the prompt tokens the three
 hosts prefilled in all (from the fakes' counters: prewarms included), and the moves
 (`crossbar_lease_moves_total{reason="rebalance"}`).
 """
@@ -159,7 +161,8 @@ async def run_scenario(reactor: Any, s: dict[str, Any], args: argparse.Namespace
         for h in drained:
             await admin(http, base, "DELETE", f"/api/hosts/{h}/drain")
     before = await prefilled(http, s["fakes"])
-    end = reactor.seconds() + args.duration
+    measure_from = reactor.seconds() + args.warmup
+    end = measure_from + args.duration
     rng = random.Random(args.seed)
 
     async def agent(c: Conversation, think: random.Random) -> None:
@@ -169,7 +172,10 @@ async def run_scenario(reactor: Any, s: dict[str, Any], args: argparse.Namespace
             if reactor.seconds() >= end:
                 return
             try:
-                result.ttfts.append(await send(reactor, http, url, c) * 1000)
+                sent = reactor.seconds()
+                ttft = await send(reactor, http, url, c) * 1000
+                if sent >= measure_from:
+                    result.ttfts.append(ttft)
             except Exception as e:
                 result.errors += 1
                 result.first_error = result.first_error or f"{type(e).__name__}: {e}"
@@ -247,7 +253,7 @@ def start(processes: Processes, work: Path, args: argparse.Namespace) -> list[di
                 [
                     command("crossbar-fakellama"),
                     *("--port", "0", "--model", MODEL, "--parallel", str(args.parallel)),
-                    *("--ctx", "65536", "--cache-slots", str(args.conversations * 2)),
+                    *("--ctx", "65536", "--cache-slots", str(args.cache_slots)),
                     *("--tokens-per-second", str(args.tokens_per_second)),
                     *("--prefill-ms-per-token", str(args.prefill_ms)),
                 ],
@@ -282,6 +288,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--conversations", type=int, default=24, help="agents, half on one host")
     p.add_argument("--duration", type=float, default=60.0, help="measured seconds per scenario")
+    p.add_argument("--warmup", type=float, default=10.0, help="unmeasured seconds before it")
+    p.add_argument("--cache-slots", type=int, default=8, help="idle prompt caches per host")
     p.add_argument("--think", type=float, default=1.5, help="agents' mean think time, seconds")
     p.add_argument("--tokens", type=int, default=24, help="tokens each reply has")
     p.add_argument("--parallel", type=int, default=2, help="slots per host")
