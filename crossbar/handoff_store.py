@@ -9,7 +9,9 @@ have replaced is dropped: a stale prompt is no longer the conversation's latest)
 Nothing here runs on the reactor thread but the bookkeeping of what was asked: every file
 operation, compression included, runs in one worker thread of its own, in the order asked
 (so a drop asked after a keep deletes what that keep wrote). A request never waits for it:
-`keep` returns at once and the write happens after the answer has gone.
+`keep` returns at once and the write happens after the answer has gone, in batches: one at
+a time, each holding what was asked while the one before ran (a conversation's newer body
+replacing its older), so a busy crossbar hands the thread one job per batch, not per request.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import zlib
 from collections import OrderedDict
 from typing import Any
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
@@ -72,6 +74,14 @@ class _Files:
                 self.evicted += 1
             self._unlink(oldest)
 
+    def apply(self, batch: dict[str, bytes | None]) -> None:
+        """Write the batch's bodies and delete its Nones, in order."""
+        for name, body in batch.items():
+            if body is None:
+                self.drop(name)
+            else:
+                self.keep(name, body)
+
     def load(self, name: str) -> bytes | None:
         with self.lock:
             if name not in self.sizes:
@@ -114,6 +124,9 @@ class HandoffStore:
             self._files = _Files(directory, capacity)
             self._pool = ThreadPool(1, 1, name="crossbar-handoff")
             self._pool.start()
+        self._pending: dict[str, bytes | None] = {}  # asked, not yet handed to the thread
+        self._waiters: list[Deferred[None]] = []
+        self._writing = False
 
     @property
     def enabled(self) -> bool:
@@ -136,35 +149,51 @@ class HandoffStore:
                 "evicted": files.evicted,
             }
 
-    def keep(self, key: Key, body: bytes) -> Deferred[None] | None:
+    def keep(self, key: Key, body: bytes) -> None:
         """Remember `body` as `key`'s latest; returns at once (the write is the thread's)."""
-        if self._files is None:
-            return None
-        if len(body) > self.max_body:
-            return self._run(self._files.drop, _name(key))
-        return self._run(self._files.keep, _name(key), body)
+        if self._files is not None:
+            self._pending[_name(key)] = body if len(body) <= self.max_body else None
+            self._kick()
+
+    def drop(self, key: Key) -> None:
+        """Forget `key`'s body (its lease is gone)."""
+        if self._files is not None:
+            self._pending[_name(key)] = None
+            self._kick()
 
     def load(self, key: Key) -> Deferred[bytes | None]:
         """`key`'s latest body, or None when none is kept."""
-        if self._files is None:
-            d: Deferred[bytes | None] = Deferred()
-            d.callback(None)
-            return d
-        return self._run(self._files.load, _name(key))
-
-    def drop(self, key: Key) -> Deferred[None] | None:
-        """Forget `key`'s body (its lease is gone)."""
-        if self._files is None:
-            return None
-        return self._run(self._files.drop, _name(key))
+        name = _name(key)
+        if self._files is None or name in self._pending:
+            return succeed(None if self._files is None else self._pending[name])
+        return self._run(self._files.load, name)
 
     def flushed(self) -> Deferred[None]:
-        """Fires once everything asked so far has been done (the worker keeps order)."""
+        """Fires once everything asked so far is on disk (or deleted)."""
         if self._files is None:
-            d: Deferred[None] = Deferred()
-            d.callback(None)
-            return d
-        return self._run(lambda: None)
+            return succeed(None)
+        d: Deferred[None] = Deferred()
+        self._waiters.append(d)
+        self._kick()
+        return d
+
+    def _kick(self) -> None:
+        # One batch at a time: what arrives meanwhile waits in _pending, where a newer body of
+        # a conversation replaces the older, so a busy crossbar writes each one once a batch.
+        if self._writing or not (self._pending or self._waiters):
+            return
+        assert self._files is not None
+        batch, self._pending = self._pending, {}
+        waiters, self._waiters = self._waiters, []
+        self._writing = True
+        d = self._run(self._files.apply, batch)
+        d.addBoth(self._written, waiters)
+
+    def _written(self, _: object, waiters: list[Deferred[None]]) -> None:
+        self._writing = False
+        for waiter in waiters:
+            waiter.callback(None)
+        self._kick()
 
     def _run(self, fn: Any, *args: Any) -> Deferred[Any]:
         assert self._pool is not None

@@ -46,6 +46,7 @@ async def test_the_least_recently_used_bodies_go_when_the_store_is_full(tmp_path
     try:
         for n in range(3):
             store.keep(key(n), body(n))
+        await wait(store.flushed())
         await wait(store.load(key(0)))  # used again: now the most recent
         store.keep(key(3), body(3))
         await wait(store.flushed())
@@ -77,7 +78,7 @@ async def test_a_body_over_handoff_max_body_is_not_kept_nor_the_stale_one_before
 async def test_size_zero_is_off_and_touches_no_disk(tmp_path):
     store = HandoffStore(reactor, 0, 1 << 20, str(tmp_path))
     assert not store.enabled
-    assert store.keep(key(1), body(1)) is None
+    store.keep(key(1), body(1))
     assert await wait(store.load(key(1))) is None
     store.close()
     assert os.listdir(tmp_path) == []
@@ -87,3 +88,18 @@ def test_the_store_lives_beside_a_sqlite_file_else_in_the_temp_dir():
     assert store_parent("/var/lib/crossbar/crossbar.db") == "/var/lib/crossbar"
     assert store_parent(":memory:") is None
     assert store_parent("postgresql://crossbar@db/crossbar") is None
+
+
+@pytest_twisted.ensureDeferred
+async def test_bodies_asked_while_a_batch_is_written_go_in_the_next_one_newest_only(tmp_path):
+    store = HandoffStore(reactor, 1 << 20, 1 << 20, str(tmp_path))
+    try:
+        store.keep(key(1), body(1))  # this batch goes to the thread at once...
+        store.keep(key(2), body(2, 1000))  # ...these wait for it, and the newer body of
+        store.keep(key(2), body(2, 2000))  # conversation 2 replaces the older
+        assert await wait(store.load(key(2))) == body(2, 2000)  # read before it is written
+        await wait(store.flushed())
+        assert store.stats()["bodies"] == 2
+        assert await wait(store.load(key(2))) == body(2, 2000)
+    finally:
+        store.close()
