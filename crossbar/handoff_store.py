@@ -180,9 +180,8 @@ class HandoffStore:
     def _kick(self) -> None:
         # One batch at a time: what arrives meanwhile waits in _pending, where a newer body of
         # a conversation replaces the older, so a busy crossbar writes each one once a batch.
-        if self._writing or not (self._pending or self._waiters):
-            return
-        assert self._files is not None
+        if self._files is None or self._writing or not (self._pending or self._waiters):
+            return  # closed, busy, or nothing to do
         batch, self._pending = self._pending, {}
         waiters, self._waiters = self._waiters, []
         self._writing = True
