@@ -39,12 +39,12 @@ def test_the_proxy_port_opens_only_after_the_first_probe_round():
     reactor.advance(2)  # ...until health_timeout ends the round.
     assert service.ready.called
     assert listening(reactor) == [(8080, "127.0.0.1"), (8081, "127.0.0.1")]
-    timers = ["probes", "sweep", "follow", "heartbeat"]
+    timers = ["probes", "sweep", "follow", "heartbeat", "rebalance"]
     assert [s.name for s in service] == [*timers, "proxy", "admin"]
     kinds = [type(s) for s in service]
-    assert kinds[4:] == [StreamServerEndpointService] * 2
-    assert all(issubclass(k, TimerService) for k in kinds[:4])
-    assert [service.getServiceNamed(n).step for n in timers] == [5.0, 30.0, 0.25, 5.0]
+    assert kinds[5:] == [StreamServerEndpointService] * 2
+    assert all(issubclass(k, TimerService) for k in kinds[:5])
+    assert [service.getServiceNamed(n).step for n in timers] == [5.0, 30.0, 0.25, 5.0, 1.0]
     service.stopService()
     reactor.advance(0)
     assert store.closed
