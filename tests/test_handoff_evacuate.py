@@ -9,6 +9,7 @@ and is answered once.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest_twisted
@@ -145,3 +146,41 @@ async def test_a_turn_waits_no_longer_than_prewarm_timeout():
     finally:
         fakes["b"].faults.hang = False
         await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_conversations_in_every_prewarmable_dialect_move_warm():
+    fakes = await start_fakes("a", "b", **FLEET)
+    routes = {"convo": {"hosts": ["a", "b"], "default_model": MODEL}}
+    crossbar = await start_crossbar(fakes, routes, server={"handoff_store": "4MiB"})
+    words = " ".join(f"w{i}" for i in range(300))
+    bodies = {
+        "/v1/messages": {"max_tokens": 4, "messages": [{"role": "user", "content": words}]},
+        "/v1/completions": {"max_tokens": 4, "prompt": "completions " + words},
+        "/completion": {"n_predict": 4, "prompt": "native " + words},
+    }
+    try:
+        await crossbar.parts.hosts.drain("b")
+        for path, body in bodies.items():
+            await wait(post(crossbar, path, body))
+        await crossbar.parts.hosts.undrain("b")
+        await wait(crossbar.parts.handoff.store.flushed())
+        evacuation = await evacuate(crossbar, "a")
+        assert (evacuation.moved, evacuation.warm) == (3, 3)
+        before = len(fakes["b"].counters.completions)
+        for path, body in bodies.items():
+            await wait(post(crossbar, path, body))  # the same prompt again, on b
+        for done in fakes["b"].counters.completions[before:]:
+            assert done.cache_n >= 0.9 * done.prompt_tokens, done
+    finally:
+        await crossbar.stop()
+
+
+async def post(crossbar: Crossbar, path: str, body: dict[str, Any]) -> None:
+    response = await crossbar.client().post(
+        crossbar.url("convo", path),
+        data=json.dumps({"model": MODEL, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert response.code == 200, await response.content()
+    await response.content()
