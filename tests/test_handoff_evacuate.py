@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 import pytest_twisted
+from twisted.internet.defer import Deferred
 
 from crossbar.lease import Key
 from tests.harness import MODEL, Crossbar, start_crossbar, start_fakes, turn, wait
@@ -133,8 +134,6 @@ async def test_a_turn_waits_no_longer_than_prewarm_timeout():
         fakes["b"].faults.hang = True  # the prewarm never ends
         handoff = crossbar.parts.handoff.handoff
         move = handoff.move(Key(lease.key.route, lease.key.fp, MODEL), "b", "evacuate")
-        from twisted.internet.defer import Deferred
-
         moving = Deferred.fromCoroutine(move)
         assert handoff.moving(lease.key)
         response, _ = await wait(
