@@ -9,6 +9,7 @@ from twisted.enterprise.adbapi import Transaction
 
 from crossbar.backends import SQLITE, Backend
 
+_CLIENTS = " WHERE lease <> 'prewarm'"  # client requests only
 _NAMES = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
 
 
@@ -16,7 +17,8 @@ def usage_totals_rows(
     txn: Transaction, backend: Backend, by: str, since: float | None
 ) -> list[dict[str, Any]]:
     """Totals per `by` (a column name the caller checked: never client text)."""
-    where, args = ("", ()) if since is None else (" WHERE at >= ?", (since,))
+    # Prewarm rows (lease "prewarm") are crossbar's own hand-off work, counted apart.
+    where, args = (_CLIENTS, ()) if since is None else (_CLIENTS + " AND at >= ?", (since,))
     sql = f"""
         WITH picked AS (SELECT * FROM usage{where}),
         totals AS (
@@ -57,7 +59,7 @@ def usage_series_rows(
     sql = f"""
         SELECT {floor} AS b, route, COUNT(*), SUM(prompt_tokens),
                SUM(cached_tokens), SUM(completion_tokens)
-        FROM usage WHERE at >= ? GROUP BY b, route ORDER BY b, route"""
+        FROM usage{_CLIENTS} AND at >= ? GROUP BY b, route ORDER BY b, route"""
     txn.execute(backend.sql(sql), (bucket, since))
     return [
         {
