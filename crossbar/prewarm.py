@@ -215,8 +215,8 @@ class Prewarmer:
 
     def _client_waits(self, host: str, model: str, priority: int) -> None:
         """A request queued at (host, model): a prewarm there gives up its slot to it."""
-        if priority <= PREWARM_PRIORITY:
-            return
+        if priority <= PREWARM_PRIORITY or self._limiter.free_slots(host, model) > 0:
+            return  # another prewarm, or a client held back by its route's cap, not a slot
         running = [r for r in self._running.get((host, model), ()) if not r.preempted]
         if running:
             newest = running[-1]
