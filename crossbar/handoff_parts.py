@@ -35,6 +35,7 @@ class HandoffParts:
 
     def reconfigure(self, config: Config) -> None:
         """The reloaded config (a changed handoff_store size needs a restart)."""
+        self.store.max_body = config.server.handoff_max_body
         self.handoff.reconfigure(config)
         self.evacuator.reconfigure(config)
         self.rebalancer.reconfigure(config)

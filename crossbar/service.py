@@ -34,7 +34,7 @@ from crossbar.sweep import Sweep
 from crossbar.wiring import Parts, Sites, build_parts, make_sites
 
 log = Logger(namespace="crossbar")
-_RESTART_KEYS = ("listen", "admin_listen", "db")
+_RESTART_KEYS = ("listen", "admin_listen", "db", "handoff_store")
 
 
 def _guarded(fn: Callable[[], Any], what: str) -> Callable[[], Deferred[Any]]:
