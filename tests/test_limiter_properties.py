@@ -220,6 +220,12 @@ class LimiterMatchesTheModel(RuleBasedStateMachine):
 
 
 TestAcquireOnlyIsAFifoSemaphore = AcquireOnlyIsAFifoSemaphore.TestCase
-TestAcquireOnlyIsAFifoSemaphore.settings = settings(max_examples=200, stateful_step_count=60)
+# No deadline: a run's time says how busy the machine is, not whether the limiter is right
+# (one took 391 ms with both cores busy, 42 ms again right after).
+TestAcquireOnlyIsAFifoSemaphore.settings = settings(
+    max_examples=200, stateful_step_count=60, deadline=None
+)
 TestLimiterMatchesTheModel = LimiterMatchesTheModel.TestCase
-TestLimiterMatchesTheModel.settings = settings(max_examples=300, stateful_step_count=60)
+TestLimiterMatchesTheModel.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None
+)
