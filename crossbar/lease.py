@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 from attrs import evolve
 from twisted.internet.defer import CancelledError, DeferredLock
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import Logger
 
 from crossbar.journal import Journal, shielded
+from crossbar.lease_expiry import idle_batches
 from crossbar.lease_memory import LeaseMemory
 from crossbar.lease_types import (
     Acquired,
@@ -270,11 +271,16 @@ class Table(LeaseMemory):
 
     # -- operator and sweep ------------------------------------------------------------------
 
-    async def expire_idle(self, now: float) -> int:
-        """Drop leases unused for longer than `idle` (pins never expire); returns how many."""
-        idle = [lease for lease in self._index.all() if now - lease.last_used > self._idle]
-        written = await self._drop(idle, now, "idle", idle_before=now - self._idle)
-        return len(idle) - len(written.kept)
+    async def expire_idle(self, now: float, batch: int = 0) -> int:
+        """Drop leases unused for longer than `idle` (pins never expire); returns how many.
+        At most `batch` (0: all) per transaction, the reactor free between (lease_expiry.py)."""
+        expired, before = 0, now - self._idle
+        pause = lambda: deferLater(self._journal.clock, 0)  # noqa: E731
+        scan = list(self._index.all())
+        async for idle in idle_batches(scan, before, batch, self._index.get, pause):
+            written = await self._drop(idle, now, "idle", idle_before=before)
+            expired += len(idle) - len(written.kept)
+        return expired
 
     async def pin(self, route: str, host: str, now: float) -> None:
         """Send every request of `route` to `host`; the route's leases elsewhere are deleted.

@@ -220,8 +220,8 @@ class LimiterMatchesTheModel(RuleBasedStateMachine):
 
 
 TestAcquireOnlyIsAFifoSemaphore = AcquireOnlyIsAFifoSemaphore.TestCase
-# No deadline: a run's time says how busy the machine is, not whether the limiter is right
-# (one took 391 ms with both cores busy, 42 ms again right after).
+# No wall-clock deadline: the machines run on a Clock, and a busy CI box (two cores, other
+# jobs) made an example take 605 ms once, which is load, not a finding.
 TestAcquireOnlyIsAFifoSemaphore.settings = settings(
     max_examples=200, stateful_step_count=60, deadline=None
 )

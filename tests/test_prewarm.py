@@ -6,7 +6,6 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 
 from crossbar.prewarm import suppressed
-from crossbar.records import UsageRow
 from tests.harness import MODEL, start_crossbar, start_fakes, turn, until, wait
 from tests.test_handoff_evacuate import opening
 
@@ -77,28 +76,3 @@ async def test_a_client_never_waits_behind_a_prewarm_it_takes_its_slot():
         assert outcomes.count("done") == 2  # the client's answer and the prewarm's second try
     finally:
         await crossbar.stop()
-
-
-@pytest_twisted.ensureDeferred
-async def test_prewarm_rows_are_stored_and_left_out_of_the_usage_reports(store):
-    client = UsageRow(
-        100.0,
-        "convo",
-        "fp1",
-        MODEL,
-        "a",
-        "/v1/chat/completions",
-        200,
-        False,
-        prompt_tokens=1000,
-        cached_tokens=900,
-        completion_tokens=8,
-        lease="reused",
-    )
-    prewarm = UsageRow(101.0, "convo", "fp1", MODEL, "b", "/v1/chat/completions", 200, False,
-                       prompt_tokens=1000, cached_tokens=0, lease="prewarm")  # fmt: skip
-    await store.record_usage_rows([client, prewarm])
-    (totals,) = await store.usage_totals("route")
-    assert (totals["requests"], totals["prompt_tokens"], totals["cached_tokens"]) == (1, 1000, 900)
-    assert [row["host"] for row in await store.usage_totals("host")] == ["a"]
-    assert [row["requests"] for row in await store.usage_series(0, 3600)] == [1]
