@@ -53,6 +53,7 @@ default_route = "{route}"
 health_interval = "1h"
 health_timeout = "5s"
 shutdown_grace = "1s"
+handoff_store = "{handoff_store}"
 
 [hosts.fake]
 url = "{url}"
@@ -309,7 +310,9 @@ def report(results: list[Result], as_json: bool) -> None:
             print(f"first error of {r.target} c{r.concurrency} {r.mode}: {r.first_error}")
 
 
-def start(processes: Processes, work: Path, reply_tokens: int) -> tuple[dict[str, str], Process]:
+def start(
+    processes: Processes, work: Path, reply_tokens: int, handoff_store: str = "0"
+) -> tuple[dict[str, str], Process]:
     """Start the fake, then crossbar in front of it; their URLs once crossbar answers."""
     fake = processes.start(
         "fake",
@@ -331,6 +334,7 @@ def start(processes: Processes, work: Path, reply_tokens: int) -> tuple[dict[str
             url=fake_url,
             model=MODEL,
             slots=SLOTS,
+            handoff_store=handoff_store,
         )
     )
     twistd = command("twistd")
@@ -349,6 +353,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=float, default=1.0, help="discarded seconds before each run")
     p.add_argument("--concurrency", default="1,32", help="comma-separated worker counts")
     p.add_argument("--reply-tokens", type=int, default=16, help="tokens in each fake answer")
+    p.add_argument(
+        "--handoff-store", default="0", help='crossbar\'s server.handoff_store ("1GiB": on)'
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = p.parse_args(argv)
     try:
@@ -368,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     progress = sys.stderr if args.json else sys.stdout
     status = 1
     try:
-        urls, fake = start(processes, work, args.reply_tokens)
+        urls, fake = start(processes, work, args.reply_tokens, args.handoff_store)
         proxy = processes.started[-1]
         print(
             f"fake at {urls['direct']}, crossbar at {urls['crossbar']}", file=progress, flush=True

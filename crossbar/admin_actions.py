@@ -97,6 +97,20 @@ class AdminActions(AdminBase):
             raise not_found(f"no host named {name!r} in the config") from None
         return {"host": name, "draining": hosts.draining(name)}
 
+    @app.route("/api/hosts/<name>/evacuate", methods=["POST"])
+    @api
+    async def evacuate(self, request: Any, name: str) -> dict[str, Any]:
+        """POST /api/hosts/<name>/evacuate: drain the host and move its conversations away,
+        each prewarmed on its new host; the answer (and GET /api/hosts) shows the progress."""
+        if self._evacuator is None:
+            raise not_found("this crossbar cannot evacuate hosts")
+        try:
+            evacuation = await self._evacuator.start(name)
+        except NoSuchHost:
+            raise not_found(f"no host named {name!r} in the config") from None
+        log.info("admin: evacuating {host}", host=name)
+        return {"host": name, "draining": True, "evacuation": evacuation.view()}
+
     @app.route("/api/reload", methods=["POST"])
     @api
     async def reload(self, request: Any) -> dict[str, Any]:

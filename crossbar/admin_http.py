@@ -14,6 +14,7 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar import admin_auth
 from crossbar.config import Config
 from crossbar.errors import bad_request, phrase
+from crossbar.evacuate import Evacuator
 from crossbar.hosts import Hosts
 from crossbar.inbound import json_object
 from crossbar.instances import Instances
@@ -88,6 +89,7 @@ class AdminBase:
         usage: UsageRecorder,
         instances: Instances,
         reload: Reload,
+        evacuator: Evacuator | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -99,6 +101,7 @@ class AdminBase:
         self._usage = usage
         self._instances = instances
         self._reload = reload
+        self._evacuator = evacuator
         self._started = clock.seconds()
 
     def reconfigure(self, config: Config) -> None:

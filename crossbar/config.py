@@ -61,6 +61,10 @@ class ServerConfig:
     header_timeout: float = 10.0
     body_timeout: float = 60.0
     client_write_timeout: float = 60.0
+    handoff_store: int = 0  # bytes of compressed bodies kept on disk for warm hand-offs; 0 off
+    handoff_max_body: int = 16 * 1024 * 1024  # larger bodies are not kept
+    prewarm_parallel: int = 1  # prewarms at once per host
+    prewarm_timeout: float = 30.0  # longest a turn waits for its conversation's prewarm
 
 
 @frozen
@@ -184,6 +188,10 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         header_timeout=t.duration("header_timeout", d.header_timeout),
         body_timeout=t.duration("body_timeout", d.body_timeout),
         client_write_timeout=t.duration("client_write_timeout", d.client_write_timeout),
+        handoff_store=t.size("handoff_store", d.handoff_store, minimum=0),
+        handoff_max_body=t.size("handoff_max_body", d.handoff_max_body),
+        prewarm_parallel=t.integer("prewarm_parallel", d.prewarm_parallel),
+        prewarm_timeout=t.duration("prewarm_timeout", d.prewarm_timeout),
     )
     t.finish()
     for key in ("listen", "admin_listen"):

@@ -153,10 +153,10 @@ class Section:
 
         return self._take(key, default, check)
 
-    def size(self, key: str, default: int) -> int:
+    def size(self, key: str, default: int, minimum: int = 1) -> int:
         def check(v: Any) -> int:
             n = parse_size(v)
-            if n <= 0:
+            if n < minimum:
                 raise ValueError(f"must be larger than zero, not {quote(v)}")
             return n
 

@@ -224,6 +224,12 @@ def _undrain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     return answer, f"host {a.host} takes new leases again"
 
 
+def _evacuate(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    from crossbar.ctl_evacuate import evacuate  # it builds on this module
+
+    return evacuate(c, a)
+
+
 def _events(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     answer = c.call("GET", "/api/events", route=a.route, limit=a.limit, since=a.since)
     rows = [[when(e["at"]), e["reason"], e["route"],
@@ -319,6 +325,9 @@ def add_parser(sub: Any) -> None:
     cmd("release", _release, "drop every lease of ROUTE").add_argument("route")
     cmd("drain", _drain, "HOST keeps its leases and gets no new ones").add_argument("host")
     cmd("undrain", _undrain, "HOST takes new leases again").add_argument("host")
+    p = cmd("evacuate", _evacuate, "drain HOST and move its conversations away, prewarmed")
+    p.add_argument("host")
+    p.add_argument("--no-wait", action="store_true", help="start it and return")
     p = cmd("events", _events, "lease events, newest first")
     p.add_argument("--route", help="only this route")
     p.add_argument("--limit", type=int, default=None,

@@ -60,6 +60,11 @@ def _route_line(config: Config, route: Route) -> str:
         parts.append(f"cors {', '.join(route.cors_origins)}")
     if route.peers:
         parts.append(f"peers {', '.join(route.peers)}")
+    if route.rebalance:
+        parts.append(
+            f"rebalance after {format_duration(route.rebalance_after)} queued, conversations "
+            f"idle {format_duration(route.rebalance_idle)}, {route.rebalance_per_minute}/min"
+        )
     parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")
     return "; ".join(parts)
 
@@ -74,6 +79,11 @@ def describe(config: Config) -> str:
     out.append(
         f"  lease_idle {format_duration(s.lease_idle)}; queue_max {s.queue_max}; "
         f"queue_timeout {format_duration(s.queue_timeout)}; max_body {format_size(s.max_body)}"
+    )
+    store = format_size(s.handoff_store) if s.handoff_store else "off"
+    out.append(
+        f"  handoff_store {store}; prewarm_parallel {s.prewarm_parallel}; "
+        f"prewarm_timeout {format_duration(s.prewarm_timeout)}"
     )
     out += ["", f"hosts ({len(config.hosts)}):"]
     for host in config.hosts.values():

@@ -20,8 +20,9 @@ and each instance follows the others' changes (follower.py, lease_memory.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import suppress
+from typing import TYPE_CHECKING, TypeVar
 
 from attrs import evolve
 from twisted.internet.defer import CancelledError, DeferredLock
@@ -52,20 +53,11 @@ from crossbar.records import LeaseEvent
 if TYPE_CHECKING:
     from crossbar.config import Config
 
-__all__ = [
-    "Acquired",
-    "Key",
-    "Lease",
-    "LeaseError",
-    "NoHost",
-    "PinnedDown",
-    "State",
-    "Table",
-    "UnknownHost",
-    "pin_key",
-]
+__all__ = ["Acquired", "Key", "Lease", "LeaseError", "NoHost", "PinnedDown", "State", "Table"]
+__all__ += ["UnknownHost", "pin_key"]
 
 _log = Logger()
+_T = TypeVar("_T")
 _RETRIES = 3  # decisions an acquire may lose to other instances before it stops catching
 
 
@@ -155,6 +147,23 @@ class Table(LeaseMemory):
         candidates = tuple(candidates)
         # Not lease state: a record that the route listed these hosts, whatever comes next.
         self._seen.setdefault(key.route, set()).update(candidates)
+        return await self._locked(key, lambda: self._acquire(key, candidates, now, peers))
+
+    async def move(self, key: Key, host: str, now: float, reason: str) -> bool:
+        """Move `key`'s lease to `host` (a hand-off); False if gone, there, or lost."""
+
+        async def moved() -> bool:
+            lease = self._index.get(key)
+            if lease is None or lease.host == host:
+                return False
+            with suppress(_Lost):
+                await self._place(key, host, now, reason, lease.host)
+                return True
+            return False
+
+        return await self._locked(key, moved)
+
+    async def _locked(self, key: Key, fn: Callable[[], Awaitable[_T]]) -> _T:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = DeferredLock()
@@ -164,7 +173,7 @@ class Table(LeaseMemory):
             self._forget_lock(key, lock)
             raise
         try:
-            return await self._acquire(key, candidates, now, peers)
+            return await fn()
         finally:
             lock.release()
             self._forget_lock(key, lock)

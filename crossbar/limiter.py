@@ -94,6 +94,9 @@ class Limiter:
         self._slots: dict[Pair, SlotEntry] = {}
         self._routes: dict[str, RouteEntry] = {}
         self._arrivals = count()
+        # Told (host, model, priority) of each request that had to queue: a prewarm holding a
+        # slot there gives it up (prewarm.py), so a client never waits behind one.
+        self.on_wait: list[Callable[[str, str, int], None]] = []
 
     # -- the request path
 
@@ -128,6 +131,8 @@ class Limiter:
         waiter.timer = self._clock.callLater(self._queue_timeout, self._expire, key, slots, waiter)
         slots.waiters.push(waiter)
         state.waiting[key] += 1
+        for listener in self.on_wait:
+            listener(host, model, state.limits.priority)
         return waiter.deferred
 
     def track(self, host: str, model: str, route: RouteLimits | None = None) -> Release:

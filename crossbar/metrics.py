@@ -131,6 +131,8 @@ class Metrics:
 
     def observe(self, row: UsageRow) -> None:
         """One finished request (a UsageRecorder observer)."""
+        if row.lease == "prewarm":
+            return  # crossbar's own hand-off work, counted apart (prewarm.py)
         route, host, model = self._labels(row)
         seen = self._seen
         seen.labels(self.requests, route, host, model, str(row.status)).inc()

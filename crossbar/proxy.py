@@ -35,6 +35,7 @@ from crossbar.errors import (
 )
 from crossbar.fingerprint import fingerprint
 from crossbar.guard import ContextGuard
+from crossbar.handoff import HandOff
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
 from crossbar.inbound import Inbound, header_reader, request_body
@@ -96,6 +97,7 @@ class ProxyResource(Resource):
         guard: ContextGuard,
         ids: IdMemory,
         usage: UsageRecorder,
+        handoff: HandOff | None = None,
     ) -> None:
         super().__init__()
         self._config = config
@@ -107,6 +109,7 @@ class ProxyResource(Resource):
         self._guard = guard
         self._ids = ids
         self._usage = usage
+        self._handoff = handoff
         self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
         self._settled: list[Deferred[None]] = []  # waiters for "no request running"
 
@@ -231,6 +234,9 @@ class ProxyResource(Resource):
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
         call = self._understand(request, ex, target, kind)
+        if kind is Kind.INFERENCE and self._handoff is not None:  # a hand-off may be under way
+            await self._handoff.turn(call.key, ex, call.inbound, self._forward(request, call, ex))
+            return
         await self._forward(request, call, ex)
 
     def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:

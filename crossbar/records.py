@@ -10,7 +10,8 @@ class LeaseEvent:
     """One lease change: a lease born, moved, dropped, or a route pinned/unpinned.
 
     `from_host`/`to_host` are "" when there is no such host (a new lease has no `from_host`,
-    a dropped one no `to_host`). `reason` is one of new, idle, pin, release, unhealthy, config.
+    a dropped one no `to_host`). `reason` is one of new, idle, pin, release, unhealthy, config,
+    evacuate, rebalance.
     """
 
     at: float

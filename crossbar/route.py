@@ -36,6 +36,10 @@ class Route:
     weight: float | None = None  # None: the shared FIFO line of its priority
     max_in_flight: int | None = None  # None: unlimited
     max_queued: int | None = None  # None: the server's queue_max
+    rebalance: bool = False  # move idle conversations off a host whose queue stays full
+    rebalance_after: float = 30.0  # how long a queue must stay non-empty
+    rebalance_idle: float = 20.0  # only conversations idle this long move
+    rebalance_per_minute: int = 10  # moves per minute at most, for the route
 
     def per_route(self) -> bool:
         """True for affinity = "route": every request of the route shares one lease per model."""
@@ -121,6 +125,10 @@ def read_route_body(table: Section, name: str) -> Route:
         aliases=table.string_table("aliases"),
         unknown_model=unknown_model,
         cors_origins=_read_origins(table),
+        rebalance=table.boolean("rebalance", False),
+        rebalance_after=table.duration("rebalance_after", 30.0),
+        rebalance_idle=table.duration("rebalance_idle", 20.0),
+        rebalance_per_minute=table.integer("rebalance_per_minute", 10),
     )
     for key in unqueued:
         table.errors.add(table.sub(key), "needs queue = true")

@@ -29,12 +29,13 @@ from crossbar.config import Config, ConfigError, load_config
 from crossbar.follower import FOLLOW_EVERY
 from crossbar.hosts import Hosts
 from crossbar.probe_schedule import ProbeSchedule
+from crossbar.rebalance import TICK as REBALANCE_TICK
 from crossbar.store import Store
 from crossbar.sweep import Sweep
 from crossbar.wiring import Parts, Sites, build_parts, make_sites
 
 log = Logger(namespace="crossbar")
-_RESTART_KEYS = ("listen", "admin_listen", "db")
+_RESTART_KEYS = ("listen", "admin_listen", "db", "handoff_store")
 
 
 def _guarded(fn: Callable[[], Any], what: str) -> Callable[[], Deferred[Any]]:
@@ -145,6 +146,10 @@ class CrossbarService(MultiService):
         follow.setServiceParent(self)
         beats = Every("heartbeat", _health_interval, config, parts.instances.beat, reactor)
         beats.setServiceParent(self)
+        rebalance = Every(
+            "rebalance", _rebalance_every, config, parts.handoff.rebalancer.tick, reactor
+        )
+        rebalance.setServiceParent(self)
         self.proxy_port = await self._listen("proxy", s.listen, sites.proxy)
         self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
         address = self.proxy_port.getHost()
@@ -164,6 +169,7 @@ class CrossbarService(MultiService):
             sweeper.reconfigure,
             parts.instances.reconfigure,
             beats.reconfigure,
+            parts.handoff.reconfigure,
         ]
         self._install_sighup()
         log.info(
@@ -260,6 +266,7 @@ class CrossbarService(MultiService):
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
         await parts.upstream.close()
+        parts.handoff.close()
         await parts.instances.leave()
         parts.journal.stop()
         await parts.store.close()  # last: every row written before the stop is kept
@@ -278,6 +285,10 @@ def probe_timer(config: Config, hosts: Hosts, clock: Any) -> ProbeSchedule:
 
 def _follow_every(config: Config) -> float:
     return FOLLOW_EVERY
+
+
+def _rebalance_every(config: Config) -> float:
+    return REBALANCE_TICK
 
 
 def _sweep_interval(config: Config) -> float:

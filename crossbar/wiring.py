@@ -22,6 +22,7 @@ from crossbar.chooser import Chooser
 from crossbar.config import Config
 from crossbar.follower import Follower
 from crossbar.guard import ContextGuard
+from crossbar.handoff_parts import HandoffParts, build_handoff
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
 from crossbar.instances import Instances
@@ -57,6 +58,7 @@ class Parts:
     metrics: Metrics
     instances: Instances
     follower: Follower
+    handoff: HandoffParts
 
 
 async def build_parts(
@@ -111,9 +113,12 @@ async def build_parts(
     table.listeners.append(metrics.lease_event)
     usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
+    handoff = build_handoff(
+        config, reactor, table, hosts, limiter, upstream, usage, metrics.registry
+    )
     return Parts(
         reactor, store, journal, hosts, limiter, table, upstream, ids, guard, usage, metrics,
-        instances, follower,
+        instances, follower, handoff,
     )  # fmt: skip
 
 
@@ -147,11 +152,12 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     `POST /api/reload` calls."""
     p = parts
     resource = ProxyResource(
-        config, p.clock, p.table, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage
-    )
+        config, p.clock, p.table, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage,
+        p.handoff.handoff,
+    )  # fmt: skip
     api = Admin(
         config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, p.instances,
-        reload,
+        reload, p.handoff.evacuator,
     )  # fmt: skip
     proxy = ProxySite(resource, config, reactor=p.clock)
     proxy.on_refused = p.usage.refused_early

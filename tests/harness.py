@@ -71,6 +71,7 @@ class Crossbar:
             await pool.closeCachedConnections()
         await self.port.stopListening()
         await self.parts.upstream.close()
+        self.parts.handoff.close()
         await self.parts.hosts.stop()
         await self.parts.store.close()
         for fake in self.fakes.values():

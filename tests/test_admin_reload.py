@@ -70,3 +70,15 @@ async def test_a_listener_or_store_change_is_noted_on_every_reload_until_the_fil
     write_config(crossbar.path, crossbar.fakes, ROUTES)  # back to what runs
     code, body, _ = await crossbar.call("POST", "/api/reload")
     assert (code, body["notes"]) == (200, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_new_hand_off_store_size_waits_for_a_restart_its_other_keys_do_not(crossbar):
+    server = {"handoff_store": "1GiB", "handoff_max_body": "1MiB", "prewarm_timeout": "5s"}
+    write_config(crossbar.path, crossbar.fakes, ROUTES, server=server)
+    code, body, _ = await crossbar.call("POST", "/api/reload")
+    assert code == 200
+    assert body["notes"] == ["server.handoff_store changed; it takes effect at restart"]
+    handoff = crossbar.parts.handoff
+    assert not handoff.store.enabled  # still the store it started with: off
+    assert handoff.store.max_body == 1 << 20

@@ -40,13 +40,15 @@ _ID_PREFIX = {
     "anthropic": "chatcmpl-",
 }
 _FORMATS: dict[str, Format] = {**FORMATS, "anthropic": AnthropicFormat()}
-# Which body keys limit the reply, per kind, in order of preference.
+# Which body keys limit the reply, per kind, in order of preference. As llama-server reads
+# them: `n_predict` first on every endpoint (its aliases max_completion_tokens and max_tokens
+# after it); 0 means "evaluate the prompt into the cache, generate nothing" (a prewarm).
 _LIMIT_KEYS = {
-    "chat": ("max_completion_tokens", "max_tokens", "n_predict"),
-    "cmpl": ("max_tokens", "n_predict"),
-    "native": ("n_predict", "max_tokens"),
-    "responses": ("max_output_tokens", "max_tokens"),
-    "anthropic": ("max_tokens",),
+    "chat": ("n_predict", "max_completion_tokens", "max_tokens"),
+    "cmpl": ("n_predict", "max_completion_tokens", "max_tokens"),
+    "native": ("n_predict", "max_completion_tokens", "max_tokens"),
+    "responses": ("n_predict", "max_output_tokens", "max_tokens"),
+    "anthropic": ("n_predict", "max_tokens"),
 }
 
 

@@ -1,0 +1,73 @@
+"""The warm hand-off's parts built over crossbar's: the store of bodies, the prewarmer, the
+hand-off itself, evacuations and the rebalancer."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from attrs import frozen
+from prometheus_client import CollectorRegistry
+
+from crossbar.chooser import Chooser
+from crossbar.config import Config
+from crossbar.evacuate import Evacuator
+from crossbar.handoff import HandOff
+from crossbar.handoff_store import HandoffStore
+from crossbar.hosts import Hosts
+from crossbar.lease import Table
+from crossbar.limiter import Limiter
+from crossbar.prewarm import Prewarmer
+from crossbar.rebalance import Rebalancer
+from crossbar.upstream import Upstream
+from crossbar.usage import UsageRecorder
+
+
+@frozen
+class HandoffParts:
+    """What a warm hand-off is made of."""
+
+    store: HandoffStore
+    prewarmer: Prewarmer
+    handoff: HandOff
+    evacuator: Evacuator
+    rebalancer: Rebalancer
+
+    def reconfigure(self, config: Config) -> None:
+        """The reloaded config (a changed handoff_store size needs a restart)."""
+        self.store.max_body = config.server.handoff_max_body
+        self.handoff.reconfigure(config)
+        self.evacuator.reconfigure(config)
+        self.rebalancer.reconfigure(config)
+
+    def close(self) -> None:
+        """Stop the store's thread and delete its files."""
+        self.store.close()
+
+
+def store_parent(db: str) -> str | None:
+    """Where the store's private directory goes: beside a SQLite file, else the temp dir."""
+    if db == ":memory:" or "://" in db:
+        return None
+    return os.path.dirname(os.path.abspath(db))
+
+
+def build_handoff(
+    config: Config,
+    clock: Any,
+    table: Table,
+    hosts: Hosts,
+    limiter: Limiter,
+    upstream: Upstream,
+    usage: UsageRecorder,
+    registry: CollectorRegistry,
+) -> HandoffParts:
+    """The hand-off's parts; its metrics go to `registry`, its rows to `usage`."""
+    s = config.server
+    store = HandoffStore(clock, s.handoff_store, s.handoff_max_body, store_parent(s.db))
+    prewarmer = Prewarmer(clock, config, hosts, limiter, upstream, store, usage, registry)
+    handoff = HandOff(clock, config, table, store, prewarmer, registry)
+    usage.observers.append(handoff.observe)
+    evacuator = Evacuator(clock, config, table, hosts, Chooser(limiter), handoff)
+    rebalancer = Rebalancer(clock, config, table, hosts, limiter, handoff)
+    return HandoffParts(store, prewarmer, handoff, evacuator, rebalancer)
