@@ -29,7 +29,7 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger
 
 from crossbar.journal import Journal, shielded
-from crossbar.lease_memory import LeaseMemory
+from crossbar.lease_memory import LeaseMemory, gc_paused
 from crossbar.lease_types import (
     Acquired,
     Change,
@@ -112,9 +112,8 @@ class Table(LeaseMemory):
         one, a journal whose retries wait for a clock nobody advances: tests and tools)."""
         journal = journal or Journal(store, Clock())
         table = cls(journal, hosts, chooser, idle)
-        for lease in await store.list_leases():
-            table._remember(lease, copy=False)  # fresh objects, nobody else holds them
-            table._seen.setdefault(lease.key.route, set()).add(lease.host)
+        with gc_paused():
+            table._load(await store.list_leases())
         return table
 
     @property
@@ -156,6 +155,11 @@ class Table(LeaseMemory):
         self._seen.setdefault(key.route, set()).update(candidates)
         lock = self._locks.get(key)
         if lock is None:
+            # The common case (a conversation's next turn) decides with no write: no other
+            # acquire of the key runs, so it needs no lock either.
+            reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
+            if reused is not None:
+                return reused
             lock = self._locks[key] = DeferredLock()
         try:
             await lock.acquire()
