@@ -9,8 +9,8 @@ measured: it keeps a lease per conversation and writes a usage row per request t
 file, as in production. Each run measures, in this order, the upstream direct, nginx as the
 proxy (bench/nginx-proxy.conf, keep-alive to the upstream) and crossbar under twistd, each at
 `--connections` and at 1 connection, after a warm-up that makes the leases. Printed: req/s,
-p50/p99 per party, and the ratios of one run (crossbar/nginx-proxy req/s, crossbar's added
-p50/p99 over direct at c=1); with several runs, the median of each.
+p50/p99 per party, and per run: crossbar/nginx-proxy req/s, crossbar's added p50/p99 over
+direct at c=1 and crossbar's CPU per request; with several runs, the median of each.
 
 Needs `nginx` and `wrk` on PATH (Debian: apt-get install nginx-light wrk); without nginx there
 is no upstream, so the bench says so and stops.
@@ -106,6 +106,8 @@ def ratios(run: dict[str, dict[str, Any]]) -> dict[str, float]:
         "c1 added p50 ms": cb["single"]["p50_ms"] - direct["single"]["p50_ms"],
         "c1 added p99 ms": cb["single"]["p99_ms"] - direct["single"]["p99_ms"],
     }
+    if cb["cpu_percent"]:  # CPU per request: steadier than req/s on a machine shared with others
+        out["crossbar cpu µs/req"] = 1e4 * cb["cpu_percent"] / cb["loaded"]["rps"]
     if "nginx proxy" in run:
         out["crossbar/nginx req/s"] = cb["loaded"]["rps"] / run["nginx proxy"]["loaded"]["rps"]
     return out

@@ -68,6 +68,7 @@ class Reader:
         self.gaps: list[float] = []
         self.chunks = 0
         self.errors = 0
+        self.statuses: set[str] = set()
 
     async def stream(self, port: int, path: str, i: int) -> None:
         reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1 << 20)
@@ -79,15 +80,16 @@ class Reader:
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 200"):
             self.errors += 1
+            self.statuses.add(head.split(b"\r\n", 1)[0].decode("latin-1"))
             writer.close()
             return
         last = None
-        start, end = self.window
         while True:
             data = await reader.read(65536)
             now = loop.time()
             if not data:
                 break
+            start, end = self.window  # set once every stream has started
             if start <= now < end:
                 self.chunks += data.count(b"data: ")
                 if last is not None:
@@ -103,12 +105,12 @@ async def run_streams(port: int, path: str, n: int, args: argparse.Namespace,
     """n streams, the window measured; CPU of `pid` (the proxy) and of this process."""
     loop = asyncio.get_running_loop()
     reader = Reader()
-    t0 = loop.time()
-    reader.window = (t0 + 1.0 + args.warmup, t0 + 1.0 + args.warmup + args.duration)
     tasks = []
     for i in range(n):
         tasks.append(asyncio.create_task(reader.stream(port, path, i)))
-        await asyncio.sleep(1.0 / n)  # spread over one second
+        await asyncio.sleep(1.0 / n)  # spread over one second (longer on a busy machine)
+    t0 = loop.time()
+    reader.window = (t0 + args.warmup, t0 + args.warmup + args.duration)
     await asyncio.sleep(max(0.0, reader.window[0] - loop.time()))
     cpu0, own0, peak = cpu_seconds(pid) if pid else 0.0, time.process_time(), 0.0
     await asyncio.sleep(args.duration / 2)
@@ -124,6 +126,7 @@ async def run_streams(port: int, path: str, n: int, args: argparse.Namespace,
         "proxy_cpu_percent": 100 * (cpu1 - cpu0) / args.duration if pid else None,
         "us_per_chunk": 1e6 * (cpu1 - cpu0) / max(reader.chunks, 1) if pid else None,
         "client_cpu_percent": 100 * (own1 - own0) / args.duration,
+        "statuses": sorted(reader.statuses),
         "rss_mb": peak,
     }  # fmt: skip
 
@@ -143,7 +146,7 @@ def stop(process: subprocess.Popen) -> None:
 
 def one_n(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     upstream, port, admin = free_ports(3)
-    tokens = int(args.rate * (args.warmup + args.duration + 3))
+    tokens = int(args.rate * (args.warmup + args.duration + 10))  # the ramp may be slow
     source = start([sys.executable, str(HERE / "sse_source.py"), str(upstream), "--rate",
                     str(args.rate), "--tokens", str(tokens)], work, f"source-{n}")  # fmt: skip
     try:
