@@ -24,7 +24,7 @@ from crossbar.admin_views import (
     since_arg,
     usage_series_args,
 )
-from crossbar.errors import ClientError, bad_request, not_found, unavailable
+from crossbar.errors import ClientError, bad_request, not_found, phrase, unavailable
 from crossbar.journal import StoreUnavailable
 from crossbar.metrics import CONTENT_TYPE_LATEST
 from crossbar.store import USAGE_GROUPS, StoreError
@@ -201,7 +201,7 @@ class Admin(AdminActions):
 
     def _answer(self, request: Any, error: ClientError) -> bytes:
         """Write `error` as crossbar's JSON error body."""
-        request.setResponseCode(error.status)
+        request.setResponseCode(error.status, phrase(error.status))
         request.setHeader(b"Content-Type", b"application/json")
         for name, value in error.headers.items():
             request.setHeader(name.encode(), value.encode())

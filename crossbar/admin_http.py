@@ -13,7 +13,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from crossbar import admin_auth
 from crossbar.config import Config
-from crossbar.errors import bad_request
+from crossbar.errors import bad_request, phrase
 from crossbar.hosts import Hosts
 from crossbar.inbound import json_object
 from crossbar.instances import Instances
@@ -41,7 +41,7 @@ def api(fn: Handler) -> Handler:
 
 
 def json_answer(request: Any, status: int, payload: Any) -> bytes:
-    request.setResponseCode(status)
+    request.setResponseCode(status, phrase(status))
     request.setHeader(b"Content-Type", b"application/json")
     request.setHeader(b"Cache-Control", b"no-store")
     return json.dumps(payload).encode()

@@ -107,3 +107,4 @@ class ProxyChannel(HTTPChannel):
         )
         self.loseConnection()
         self.dataReceived = lambda data: None  # type: ignore[method-assign]
+        self.site.refused(self, status, message)

@@ -221,6 +221,13 @@ def _usage(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     return answer, table(heads, rows)
 
 
+def _series(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/usage/series", since=a.since, bucket=a.bucket)
+    rows = [[when(b["at"]), b["route"], b["requests"], b["prompt_tokens"], b["cached_tokens"],
+             b["completion_tokens"]] for b in answer["series"]]  # fmt: skip
+    return answer, table(["AT", "ROUTE", "REQUESTS", "PROMPT", "CACHED", "COMPLETION"], rows)
+
+
 def _reload(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     answer = c.call("POST", "/api/reload")
     lines = [f"config reloaded from {answer.get('path') or '(memory)'}"]
@@ -289,6 +296,9 @@ def add_parser(sub: Any) -> None:
     p = cmd("usage", _usage, "requests, errors, tokens, cache hits and TTFB")
     p.add_argument("--by", choices=USAGE_BY, default="route", help="group by (default route)")
     p.add_argument("--since", help='a duration ("24h") or seconds since the epoch')
+    p = cmd("usage-series", _series, "requests and tokens per route over time, oldest first")
+    p.add_argument("--since", help='a duration ("1h", the default) or seconds since the epoch')
+    p.add_argument("--bucket", help='the width of each point ("1m", the default)')
     cmd("instances", _instances, "the crossbar instances sharing this one's store")
     cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
     text = "a refreshing view: hosts' slots and queues, requests/s and cache hits per route, moves"

@@ -44,7 +44,7 @@ from crossbar.relay import Relay
 from crossbar.route import Route
 from crossbar.routing import check_key, choose_model, resolve_route, split_route
 from crossbar.upstream import Upstream, UpstreamFailure, prepare, renamed_body
-from crossbar.usage import Exchange, UsageRecorder
+from crossbar.usage import UNKNOWN_ROUTE, Exchange, UsageRecorder
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
@@ -212,6 +212,9 @@ class ProxyResource(Resource):
         finally:
             if ex.route:
                 self._usage.finish(ex)
+            elif ex.status:  # refused before its route was known; a preflight has no status
+                ex.route = UNKNOWN_ROUTE
+                self._usage.refused(ex)
 
     async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
         header = header_reader(request.requestHeaders)

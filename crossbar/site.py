@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
@@ -87,6 +88,7 @@ class BoundedRequest(Request):
         transport.write(head + body)
         transport.loseConnection()
         self.content = io.BytesIO()
+        site.refused(self.channel, status, "request body too large")
 
 
 class BoundedSite(Site):
@@ -107,6 +109,9 @@ class BoundedSite(Site):
     def refusal_headers(self, request: Any) -> list[tuple[bytes, bytes]]:
         """Headers for a request refused before it was routed (its headers are in)."""
         return []
+
+    def refused(self, channel: Any, status: int, why: str) -> None:
+        """A request on `channel` was refused before it reached the resource."""
 
 
 class ProxySite(BoundedSite):
@@ -130,6 +135,23 @@ class ProxySite(BoundedSite):
         self.max_body = s.max_body
         self.header_timeout = s.header_timeout
         self.body_timeout = s.body_timeout
+
+    # Told of each request refused before routing: (route or "", path, status, why).
+    on_refused: Callable[[str, str, int, str], None] | None = None
+
+    def refused(self, channel: Any, status: int, why: str) -> None:
+        """Log and count it like any request (the usage observers), by the route its path
+        names when the config has that route."""
+        if self.on_refused is None:
+            return
+        raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")
+        name, path = "", raw
+        try:
+            name, path = split_route(self._config, raw, None)
+        except ClientError:
+            pass
+        route = name if self._config.route(name) is not None else ""
+        self.on_refused(route, path, status, why)
 
     def log(self, request: Any) -> None:
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the

@@ -21,6 +21,7 @@ from crossbar.records import UsageRow
 
 log = Logger(namespace="crossbar.usage")
 Observer = Callable[[UsageRow], None]
+UNKNOWN_ROUTE = "(unknown)"  # the route of a request refused before its route was known
 MAX_UNSAVED_ROWS = 100_000  # kept through a store outage; past it the oldest go (counted)
 
 
@@ -35,7 +36,7 @@ class Exchange:
     """One request as the proxy learns it, step by step; only the proxy writes it."""
 
     started: float
-    route: str = ""
+    route: str = ""  # "" until the route is known; UNKNOWN_ROUTE on a refusal before it
     path: str = ""
     fp: str = ""
     model: str = ""
@@ -91,9 +92,39 @@ class UsageRecorder:
     def finish(self, ex: Exchange) -> UsageRow:
         """Record `ex`: hand its row to the observers and the store (never blocking), and
         learn the model's tokens per character from its prompt."""
+        row = self._row(ex)
+        self._tell(row)
+        self._write(row)
+        if ex.tokens.prompt and ex.prompt_chars:
+            self._guard.learn(ex.model, ex.prompt_chars, ex.tokens.prompt)
+        return row
+
+    def refused(self, ex: Exchange) -> UsageRow:
+        """A request refused before a route was known (unknown route, no route, a body or a
+        request line too large): logged and counted under the route "(unknown)" unless `ex`
+        names one, never stored, so a scanner cannot fill the usage table."""
+        row = self._row(ex)
+        self._tell(row)
+        return row
+
+    def refused_early(self, route: str, path: str, status: int, why: str) -> None:
+        """A request the site refused before the proxy saw it (a body over `max_body`, a
+        request line or head too long, a slow or unparsable request)."""
+        now = self._clock.seconds()
+        ex = Exchange(now, route or UNKNOWN_ROUTE, path, status=status, error=why)
+        self.refused(ex)
+
+    def _tell(self, row: UsageRow) -> None:
+        for observer in self.observers:
+            try:
+                observer(row)
+            except Exception:
+                log.failure("usage observer failed")
+
+    def _row(self, ex: Exchange) -> UsageRow:
         now = self._clock.seconds()
         tokens = ex.tokens
-        row = UsageRow(
+        return UsageRow(
             at=now,
             route=ex.route,
             fp=ex.fp,
@@ -113,15 +144,6 @@ class UsageRecorder:
             lease=ex.lease,
             error=ex.error,
         )
-        for observer in self.observers:
-            try:
-                observer(row)
-            except Exception:
-                log.failure("usage observer failed")
-        self._write(row)
-        if tokens.prompt and ex.prompt_chars:
-            self._guard.learn(ex.model, ex.prompt_chars, tokens.prompt)
-        return row
 
     def _write(self, row: UsageRow) -> None:
         if self._journal is not None and self._journal.degraded:

@@ -144,5 +144,6 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
         reload,
     )  # fmt: skip
     proxy = ProxySite(resource, config, reactor=p.clock)
+    proxy.on_refused = p.usage.refused_early
     admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)
     return Sites(proxy, admin, resource, api)

@@ -112,6 +112,19 @@ async def test_usage_by_host_and_json_for_scripts(crossbar):
 
 
 @pytest_twisted.ensureDeferred
+async def test_usage_series_shows_each_routes_requests_per_bucket(crossbar):
+    await crossbar.chat("convo", conversation("a"))
+    await crossbar.chat("convo", conversation("b"))
+    code, out, _ = await ctl(crossbar, "usage-series", "--since", "1h", "--bucket", "1h")
+    assert code == 0
+    header, *rows = out.splitlines()
+    assert header.split() == ["AT", "ROUTE", "REQUESTS", "PROMPT", "CACHED", "COMPLETION"]
+    assert sum(int(r.split()[-4]) for r in rows if r.split()[-5] == "convo") == 2
+    code, out, _ = await ctl(crossbar, "usage-series", "--bucket", "soon")
+    assert code == 1
+
+
+@pytest_twisted.ensureDeferred
 async def test_errors_are_one_line_with_crossbars_message_and_exit_1(crossbar):
     assert await ctl(crossbar, "pin", "convo", "orion") == (
         1,

@@ -81,7 +81,17 @@ async def test_the_openai_client_uses_completions_and_responses(fake):
 
 
 @pytest_twisted.ensureDeferred
+async def test_like_llama_server_the_fake_refuses_a_previous_response_id(fake):
+    response, body = await post(
+        fake, "/v1/responses", {"previous_response_id": "resp_x", "input": "?", "model": "m"}
+    )
+    assert response.code == 400
+    assert body["error"]["message"] == "llama.cpp does not support 'previous_response_id'."
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_chained_response_reuses_the_previous_prompt_and_reply(fake):
+    fake.config.keep_responses = True
     _, first = await post(
         fake, "/v1/responses", {"instructions": "Plan.", "input": "Build a CLI.", "model": "m"}
     )

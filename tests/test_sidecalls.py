@@ -189,7 +189,8 @@ async def test_the_context_guard_refuses_far_over_forwards_under_and_counts_near
 
 @pytest_twisted.ensureDeferred
 async def test_a_responses_chain_stays_on_one_host_for_five_turns():
-    fakes = await start_fakes(*TWO)
+    # llama-server refuses previous_response_id; an upstream that keeps responses is modelled.
+    fakes = await start_fakes(*TWO, keep_responses=True)
     crossbar = await start_crossbar(fakes, {"convo": {"hosts": TWO}})
     try:
         previous, homes, cached = None, set(), []

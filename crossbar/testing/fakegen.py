@@ -83,6 +83,8 @@ def _messages(fake: FakeLlama, kind: str, body: dict[str, Any]) -> list[dict[str
     prior: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if previous is not None:
+        if not fake.config.keep_responses:
+            raise bad_request("llama.cpp does not support 'previous_response_id'.")
         if previous not in fake.conversations:
             raise bad_request(f"previous response with id '{previous}' not found")
         # A chained turn extends the stored conversation, so it shares its prefix (and its

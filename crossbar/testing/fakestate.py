@@ -24,6 +24,11 @@ def _models(_: object, attribute: Attribute[Any], value: list[str]) -> None:
         raise ValueError("models must be a non-empty list of names")
 
 
+def _switch(_: object, attribute: Attribute[Any], value: object) -> None:
+    if type(value) is not bool:
+        raise ValueError(f"{attribute.name} must be true or false, not {value!r}")
+
+
 @define
 class FakeConfig:
     """How the fake behaves. `ctx` is tokens per slot (what `/props` and `/slots` report)."""
@@ -36,16 +41,14 @@ class FakeConfig:
     cache_slots: int = field(default=4, validator=_not_negative)  # idle caches kept (LRU)
     load_delay: float = field(default=0, validator=_not_negative)  # seconds of "Loading model"
     reply_tokens: int = field(default=16, validator=_not_negative)  # when no max_tokens
+    # llama-server refuses `previous_response_id` (tools/server/server-chat.cpp); on, the fake
+    # keeps responses instead, as OpenAI's own API and some routers do.
+    keep_responses: bool = field(default=False, validator=_switch)
 
 
 def _chunks(_: object, attribute: Attribute[Any], value: object) -> None:
     if value is not None and (type(value) is not int or value < 0):
         raise ValueError(f"{attribute.name} must be null or a count >= 0, not {value!r}")
-
-
-def _switch(_: object, attribute: Attribute[Any], value: object) -> None:
-    if type(value) is not bool:
-        raise ValueError(f"{attribute.name} must be true or false, not {value!r}")
 
 
 def _refuse_changed(faults: Faults, _: Attribute[Any], value: bool) -> bool:
