@@ -81,23 +81,24 @@ async def rate(
     )
 
 
-async def main(reactor, n: int, path: str) -> None:
+async def main(reactor, n: int, path: str, build: bool) -> None:
     per_route = n // ROUTES
-    store = await Store.open(path, reactor)
-    started = time.perf_counter()
-    leases = [
-        Lease(key(r, c), candidates(r)[c % 4], State.ACTIVE, T0, T0)
-        for r in range(ROUTES)
-        for c in range(per_route)
-    ]
-    await store.apply(save=leases)
-    await store.close()
-    seconds = time.perf_counter() - started
-    print(f"built {len(leases):,} leases in {seconds:.2f} s ({megabytes(path):.1f} MB)")
+    if build:
+        store = await Store.open(path, reactor)
+        started = time.perf_counter()
+        leases = [
+            Lease(key(r, c), candidates(r)[c % 4], State.ACTIVE, T0, T0)
+            for r in range(ROUTES)
+            for c in range(per_route)
+        ]
+        await store.apply(save=leases)
+        await store.close()
+        seconds = time.perf_counter() - started
+        print(f"built {len(leases):,} leases in {seconds:.2f} s ({megabytes(path):.1f} MB)")
 
     table, store, open_s, load_s = await load(path, reactor)
     print(f"load: Store.open {open_s * 1000:.0f} ms, Store.open + Table.load {load_s:.2f} s")
-    assert len(table.snapshot()) == len(leases)
+    assert len(table) == per_route * ROUTES
 
     keys = [key(r, c) for c in range(per_route) for r in range(ROUTES)]
     cands = {r: candidates(r) for r in range(ROUTES)}
@@ -124,12 +125,20 @@ def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--leases", type=int, default=100_000)
     parser.add_argument("--db", help="SQLite file to build (default: a temporary one)")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="use the --db a previous run built with the same --leases (the build of a "
+        "million takes minutes; comparing two versions' load needs only one)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         path = args.db or os.path.join(tmp, "bench.db")
-        for suffix in ("", "-wal", "-shm"):
-            Path(path + suffix).unlink(missing_ok=True)
-        task.react(lambda reactor: defer.ensureDeferred(main(reactor, args.leases, path)))
+        build = not (args.reuse and args.db and Path(path).exists())
+        if build:
+            for suffix in ("", "-wal", "-shm"):
+                Path(path + suffix).unlink(missing_ok=True)
+        task.react(lambda reactor: defer.ensureDeferred(main(reactor, args.leases, path, build)))
 
 
 if __name__ == "__main__":
