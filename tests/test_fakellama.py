@@ -37,7 +37,7 @@ async def test_health_props_slots_and_models_describe_the_server(fake):
 
 @pytest_twisted.ensureDeferred
 async def test_health_is_503_loading_model_until_the_load_delay_is_over():
-    fake = FakeLlama(reactor, load_delay=0.05)
+    fake = FakeLlama(reactor, load_delay=3600)  # over by finish_loading, not by waiting
     await fake.start()
     try:
         loading = {"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}}
@@ -45,7 +45,10 @@ async def test_health_is_503_loading_model_until_the_load_delay_is_over():
         assert (response.code, body) == (503, loading)
         response, body = await post(fake, "/v1/chat/completions", {"messages": user("hi")})
         assert (response.code, body) == (503, loading)
-        await wait(fake.when_loaded())
+        loaded = fake.when_loaded()
+        assert not loaded.called
+        fake.finish_loading()
+        await wait(loaded)
         response, _ = await get(fake, "/health")
         assert response.code == 200
     finally:

@@ -216,6 +216,12 @@ class FakeLlama:
         self._load_waiters.append(d)
         return d
 
+    def finish_loading(self) -> None:
+        """End the load delay now, as if it had run out (a test need not wait it out)."""
+        if self._load_timer is not None and self._load_timer.active():
+            self._load_timer.cancel()
+        self._loaded()
+
     def _loaded(self) -> None:
         self._load_timer = None
         waiting, self._load_waiters = self._load_waiters, []
