@@ -17,11 +17,15 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from crossbar import admin_auth
 from crossbar.admin_actions import AdminActions, ReloadRefused
 from crossbar.admin_http import MAX_BODY, api, app, arg, json_answer, limit_arg
+from crossbar.admin_pages import ROUTE_SORTS, LeaseFilter, lease_page, route_page
 from crossbar.admin_views import (
+    USAGE_SORTS,
     host_rows,
     lease_row,
     route_rows,
     since_arg,
+    top_series,
+    top_usage,
     usage_series_args,
 )
 from crossbar.errors import ClientError, bad_request, not_found, phrase, unavailable
@@ -34,7 +38,19 @@ __all__ = ["MAX_BODY", "Admin"]
 log = Logger(namespace="crossbar.admin")
 MAX_EVENTS = 1000
 MAX_ROUTES = 1000
+MAX_PAGE = 1000  # leases in one answer
 _INTERNAL = ClientError(500, "api_error", "the admin API failed on this request; see the log")
+
+
+def dashboard_page() -> bytes:
+    """The dashboard: its markup with its script inlined (two files to read and edit, one
+    answer with no external asset, as the page's Content-Security-Policy wants)."""
+    static = resources.files("crossbar").joinpath("static")
+    page = static.joinpath("dashboard.html").read_text("utf-8")
+    script = static.joinpath("dashboard.js").read_text("utf-8")
+    marker = "<script>/* dashboard.js"
+    head, _, rest = page.partition(marker)
+    return (head + "<script>\n" + script + rest[rest.index("</script>") :]).encode()
 
 
 class Admin(AdminActions):
@@ -45,19 +61,37 @@ class Admin(AdminActions):
     @app.route("/api/leases", methods=["GET"])
     @api
     async def leases(self, request: Any) -> dict[str, Any]:
-        """GET /api/leases?route=: the lease snapshot (pins excluded)."""
+        """GET /api/leases?route=&host=&model=&fp=&limit=&cursor=: a page of the lease table
+        (pins excluded) in key order, how many match, and the next page's cursor."""
+        where = LeaseFilter(*(arg(request, name) for name in ("route", "host", "model", "fp")))
+        limit = limit_arg(request, MAX_PAGE, default=100)
+        page = await lease_page(self._table, self._clock, where, arg(request, "cursor"), limit)
         now = self.now()
-        leases = self._table.snapshot(route=arg(request, "route"))
-        return {"leases": [lease_row(lease, now) for lease in leases]}
+        rows = [lease_row(lease, now) for lease in page.rows]
+        return {"leases": rows, "total": page.total, "next": page.next}
 
     @app.route("/api/routes", methods=["GET"])
     @api
     async def routes(self, request: Any) -> dict[str, Any]:
-        """GET /api/routes: configured and seen routes, pins, lease counts, queue shares."""
+        """GET /api/routes?route=&host=&model=&sort=&since=&limit=&cursor=: configured and
+        seen routes, pins, lease counts, queue shares and requests since `since` (24 h)."""
         limit = limit_arg(request, MAX_ROUTES, default=100)
-        usage = await self._store.usage_totals("route")
+        sort = arg(request, "sort") or "name"
+        if sort not in ROUTE_SORTS:
+            raise bad_request(f"sort: must be one of {', '.join(ROUTE_SORTS)}, not {sort!r}")
+        since = since_arg(arg(request, "since"), self.now(), default=self.now() - 86400)
+        usage = await self._store.usage_totals("route", since, percentiles=False)
         rows = route_rows(self.config, self._table, usage, self._limiter)
-        return {"routes": rows[:limit], "total": len(rows)}
+        page = route_page(
+            rows,
+            arg(request, "route"),
+            arg(request, "host"),
+            arg(request, "model"),
+            sort,
+            arg(request, "cursor"),
+            limit,
+        )
+        return {"routes": page.rows, "total": page.total, "next": page.next, "since": since}
 
     @app.route("/api/hosts", methods=["GET"])
     @api
@@ -79,23 +113,41 @@ class Admin(AdminActions):
     @app.route("/api/usage", methods=["GET"])
     @api
     async def usage(self, request: Any) -> dict[str, Any]:
-        """GET /api/usage?by=&since=: totals per route, host or model."""
+        """GET /api/usage?by=&since=&sort=&limit=: totals per route, host or model; `sort`
+        requests or errors (most first) or cache_hit_ratio (worst first), `limit` the top."""
         by = arg(request, "by") or "route"
         if by not in USAGE_GROUPS:
             raise bad_request(f"by: must be one of {', '.join(USAGE_GROUPS)}, not {by!r}")
+        sort = arg(request, "sort") or by
+        if sort not in (by, *USAGE_SORTS):
+            raise bad_request(f"sort: must be one of {by}, {', '.join(USAGE_SORTS)}, not {sort!r}")
+        limit = limit_arg(request, MAX_ROUTES, default=1) if arg(request, "limit") else None
         since = since_arg(arg(request, "since"), self.now())
         rows = await self._store.usage_totals(by, since)
         for row in rows:
             prompt = row["prompt_tokens"] or 0
             row["cache_hit_ratio"] = (row["cached_tokens"] or 0) / prompt if prompt else None
+        rows = top_usage(rows, sort, limit) if sort != by or limit else rows
         return {"by": by, "since": since, "usage": rows}
+
+    @app.route("/api/moves", methods=["GET"])
+    @api
+    async def moves(self, request: Any) -> dict[str, Any]:
+        """GET /api/moves?since=&limit=: the conversations moved between hosts most often."""
+        since = since_arg(arg(request, "since"), self.now(), default=self.now() - 86400)
+        limit = limit_arg(request, MAX_EVENTS, default=10)
+        assert since is not None
+        return {"since": since, "moves": await self._store.top_moves(since, limit)}
 
     @app.route("/api/usage/series", methods=["GET"])
     @api
     async def usage_series(self, request: Any) -> dict[str, Any]:
-        """GET /api/usage/series?since=&bucket=: tokens per bucket and route (the chart)."""
+        """GET /api/usage/series?since=&bucket=&top=: tokens per bucket and route (the chart);
+        with `top`, that many routes and the rest as "(other)"."""
         since, bucket = usage_series_args(arg(request, "since"), arg(request, "bucket"), self.now())
         series = await self._store.usage_series(since, bucket)
+        if arg(request, "top"):
+            series = top_series(series, limit_arg(request, MAX_ROUTES, default=1, name="top"))
         return {"since": since, "bucket": bucket, "now": self.now(), "series": series}
 
     # -- the service
@@ -137,7 +189,7 @@ class Admin(AdminActions):
         # token set anyone may load it; without one, the loopback rule applies as to the API.
         if not self.config.server.admin_token:
             admin_auth.check_local(request)
-        page = resources.files("crossbar").joinpath("static/dashboard.html").read_bytes()
+        page = dashboard_page()
         request.setHeader(b"Content-Type", b"text/html; charset=utf-8")
         request.setHeader(b"Cache-Control", b"no-store")
         request.setHeader(b"X-Content-Type-Options", b"nosniff")

@@ -53,15 +53,15 @@ def arg(request: Any, name: str) -> str | None:
     return values[0].decode("utf-8", "replace") or None if values else None
 
 
-def limit_arg(request: Any, most: int, default: int) -> int:
-    """The `limit` query argument: a whole number from 1 to `most`, or a 400."""
-    text = arg(request, "limit") or str(default)
+def limit_arg(request: Any, most: int, default: int, name: str = "limit") -> int:
+    """The `limit` (or `name`) query argument: a whole number from 1 to `most`, or a 400."""
+    text = arg(request, name) or str(default)
     try:
         limit = int(text)
     except ValueError:
         limit = -1
     if not 0 < limit <= most:
-        raise bad_request(f"limit: give a whole number from 1 to {most}, not {text!r}")
+        raise bad_request(f"{name}: give a whole number from 1 to {most}, not {text!r}")
     return limit
 
 

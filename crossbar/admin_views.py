@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 from typing import Any
 
+from crossbar.admin_pages import natural
 from crossbar.config import Config
 from crossbar.errors import bad_request
 from crossbar.hosts import Hosts
@@ -15,6 +15,17 @@ from crossbar.route import Route
 from crossbar.units import parse_duration
 
 MAX_BUCKETS = 2000  # points per route in a usage series
+USAGE_SORTS = ("requests", "errors", "cache_hit_ratio")
+
+
+def top_usage(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[dict[str, Any]]:
+    """Usage rows sorted by `sort` (requests, errors: most first; cache_hit_ratio: worst
+    first, groups without prompt tokens last), the first `limit` of them."""
+    if sort == "cache_hit_ratio":
+        rows = sorted(rows, key=lambda r: (r[sort] is None, r[sort] or 0.0))
+    elif sort in USAGE_SORTS:
+        rows = sorted(rows, key=lambda r: -(r[sort] or 0))
+    return rows[:limit] if limit else rows
 
 
 def lease_row(lease: Lease, now: float) -> dict[str, Any]:
@@ -31,22 +42,40 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
     }
 
 
+def top_series(series: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    """The points of the `top` routes with the most tokens; every other route's summed per
+    bucket as route "(other)", so a chart of a thousand routes stays a few lines."""
+    tokens: dict[str, int] = {}
+    for p in series:
+        tokens[p["route"]] = tokens.get(p["route"], 0) + p["prompt_tokens"] + p["completion_tokens"]
+    keep = set(sorted(tokens, key=lambda r: (-tokens[r], r))[:top])
+    out = [p for p in series if p["route"] in keep]
+    other: dict[float, dict[str, Any]] = {}
+    for p in series:
+        if p["route"] not in keep:
+            o = other.setdefault(p["at"], {**p, "route": "(other)"} | dict.fromkeys(_SUMS, 0))
+            for name in _SUMS:
+                o[name] += p[name]
+    return out + sorted(other.values(), key=lambda p: p["at"])
+
+
+_SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+
+
 def route_rows(
     config: Config, table: Table, usage: list[dict[str, Any]], limiter: Limiter
 ) -> list[dict[str, Any]]:
-    """The concrete routes (config order), then every other route seen (by name): a route
-    from a template, or one the config no longer serves, that holds leases, a pin, usage, or
-    requests in the limiter."""
-    leases = table.snapshot()
+    """The concrete routes (config order), then every other route seen (in natural order:
+    team-2 before team-10): a route from a template, or one the config no longer serves, that
+    holds leases, a pin, usage, or requests in the limiter. Lease counts come from the table's
+    counters, so this costs per route, not per lease."""
+    by_host = table.leases_by_route()
     pins = table.pins()
     requests = {row["route"]: row["requests"] for row in usage}
     active = limiter.routes()
-    seen = {lease.key.route for lease in leases} | set(pins) | set(requests)
+    seen = set(by_host) | set(pins) | set(requests)
     seen |= {name for name in active if name}  # "": requests that named no route
-    names = list(config.routes) + sorted(seen - set(config.routes))
-    by_host: dict[str, Counter[str]] = {name: Counter() for name in names}
-    for lease in leases:
-        by_host[lease.key.route][lease.host] += 1
+    names = list(config.routes) + sorted(seen - set(config.routes), key=natural)
     rows = []
     for name in names:
         route = config.route(name)
@@ -63,8 +92,8 @@ def route_rows(
                 "peers": list(route.peers) if route is not None else [],
                 "auth": bool(route.keys) if route is not None else False,
                 "pinned": pins.get(name),
-                "leases": sum(by_host[name].values()),
-                "leases_by_host": dict(sorted(by_host[name].items())),
+                "leases": sum(by_host.get(name, {}).values()),
+                "leases_by_host": dict(sorted(by_host.get(name, {}).items())),
                 "requests": requests.get(name, 0),
                 **_sharing(config, route, active.get(name)),
             }

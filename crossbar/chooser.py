@@ -31,22 +31,25 @@ class HostView:
     leases: int  # leases of every route held here for the model
     parallel: int  # slots for the model (0 when not yet known)
     free: int  # slots free right now
+    held: bool = False  # held out of new placements after flapping (flaps.py)
 
 
 def pick(views: Sequence[HostView]) -> str | None:
     """The best host for a new lease, or None when there is no candidate.
 
-    Order of preference: a peer host (their caches likely share prefixes); then the lowest
-    leases/parallel (an unknown parallel counts as one slot, never a division by zero; exact
-    fractions keep 1/3 and 2/6 equal so the next level decides); then the most free slots;
-    then the candidates' (config) order.
+    Order of preference: a host not held down after flapping (a flapping host holds the
+    fewest leases because it keeps losing them, which must not draw new ones to it; it is
+    still used when every candidate is held); then a peer host (their caches likely share
+    prefixes); then the lowest leases/parallel (an unknown parallel counts as one slot, never
+    a division by zero; exact fractions keep 1/3 and 2/6 equal so the next level decides);
+    then the most free slots; then the candidates' (config) order.
     """
     if not views:
         return None
 
-    def rank(item: tuple[int, HostView]) -> tuple[bool, Fraction, int, int]:
+    def rank(item: tuple[int, HostView]) -> tuple[bool, bool, Fraction, int, int]:
         order, v = item
-        return (not v.peer, Fraction(v.leases, max(v.parallel, 1)), -v.free, order)
+        return (v.held, not v.peer, Fraction(v.leases, max(v.parallel, 1)), -v.free, order)
 
     return min(enumerate(views), key=rank)[1].name
 
@@ -55,11 +58,16 @@ def _no_leases(host: str) -> int:
     return 0
 
 
+def _never_held(host: str) -> bool:
+    return False
+
+
 @frozen
 class Chooser:
     """Reads the capacity of each candidate and picks (SPEC's `Chooser.choose`)."""
 
     capacity: Capacity
+    held: Callable[[str], bool] = _never_held  # hosts.Hosts.held_down in production
 
     def choose(
         self,
@@ -70,10 +78,17 @@ class Chooser:
     ) -> str | None:
         """The best of `candidates` for a new lease of `model`; `leases(host)` counts the
         leases held there for the model, `peers` are hosts where a peer route holds one."""
-        cap = self.capacity
+        cap, held = self.capacity, self.held
         return pick(
             [
-                HostView(h, h in peers, leases(h), cap.parallel(h, model), cap.free_slots(h, model))
+                HostView(
+                    h,
+                    h in peers,
+                    leases(h),
+                    cap.parallel(h, model),
+                    cap.free_slots(h, model),
+                    held(h),
+                )
                 for h in candidates
             ]
         )

@@ -42,6 +42,10 @@ class ServerConfig:
     health_timeout: float = 2.0
     unhealthy_after: int = 3
     healthy_after: int = 2
+    flap_window: float = 600.0  # falls counted for flap damping (flaps.py)
+    flap_holddown: float = 30.0  # hold-down per fall beyond the first within flap_window
+    flap_holddown_max: float = 600.0
+    sweep_batch: int = 500  # idle leases expired per transaction
     queue_max: int = 64
     queue_timeout: float = 300.0
     max_body: int = 64 * 1024 * 1024
@@ -49,7 +53,9 @@ class ServerConfig:
     upstream_idle_timeout: float = 600.0
     fingerprint_chars: int = 4096
     usage_retention: float = 30 * _DAY
+    usage_raw_retention: float = 2 * _DAY  # raw rows; per-minute sums after (usage_retention)
     events_retention: float = 30 * _DAY
+    metrics_routes: tuple[str, ...] = ()  # template routes labelled by name in /metrics
     shutdown_grace: float = 30.0
     remember_ids: int = 100_000
     header_timeout: float = 10.0
@@ -159,6 +165,10 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         health_timeout=t.duration("health_timeout", d.health_timeout),
         unhealthy_after=t.integer("unhealthy_after", d.unhealthy_after),
         healthy_after=t.integer("healthy_after", d.healthy_after),
+        flap_window=t.duration("flap_window", d.flap_window),
+        flap_holddown=t.duration("flap_holddown", d.flap_holddown, positive=False),
+        flap_holddown_max=t.duration("flap_holddown_max", d.flap_holddown_max, positive=False),
+        sweep_batch=t.integer("sweep_batch", d.sweep_batch),
         queue_max=t.integer("queue_max", d.queue_max, minimum=0),
         queue_timeout=t.duration("queue_timeout", d.queue_timeout),
         max_body=t.size("max_body", d.max_body),
@@ -166,7 +176,9 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
         fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
         usage_retention=t.duration("usage_retention", d.usage_retention),
+        usage_raw_retention=t.duration("usage_raw_retention", d.usage_raw_retention),
         events_retention=t.duration("events_retention", d.events_retention),
+        metrics_routes=t.string_list("metrics_routes", d.metrics_routes),
         shutdown_grace=t.duration("shutdown_grace", d.shutdown_grace, positive=False),
         remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
         header_timeout=t.duration("header_timeout", d.header_timeout),

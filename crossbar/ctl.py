@@ -146,15 +146,31 @@ def _hosts(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     return answer, table(heads, rows)
 
 
+def _pages(c: AdminClient, path: str, key: str, a: argparse.Namespace, **query: Any) -> Any:
+    """One page of `path` (or, with --all, every page, followed by cursor) and a last line
+    saying how many of how many were shown and how to ask for the next page."""
+    limit = 1000 if a.all else a.limit
+    answer = c.call("GET", path, limit=limit, cursor=a.cursor, **query)
+    while a.all and answer["next"]:
+        more = c.call("GET", path, limit=limit, cursor=answer["next"], **query)
+        answer = {**more, key: answer[key] + more[key]}
+    footer = f"{len(answer[key])} of {answer['total']}"
+    if answer["next"]:
+        footer += f"; next page: --cursor {answer['next']} (or --all)"
+    return answer, footer
+
+
 def _leases(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("GET", "/api/leases", route=a.route)
+    query = {"route": a.route, "host": a.host, "model": a.model, "fp": a.fp}
+    answer, footer = _pages(c, "/api/leases", "leases", a, **query)
     rows = [[x["route"], x["fp"] or "(route)", x["model"], x["host"], ago(x["idle_for"])]
             for x in answer["leases"]]  # fmt: skip
-    return answer, table(["ROUTE", "FP", "MODEL", "HOST", "IDLE"], rows)
+    return answer, table(["ROUTE", "FP", "MODEL", "HOST", "IDLE"], rows) + f"\n{footer} leases"
 
 
 def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("GET", "/api/routes")
+    query = {"route": a.search, "host": a.host, "model": a.model, "sort": a.sort}
+    answer, footer = _pages(c, "/api/routes", "routes", a, **query)
     rows = []
     for r in answer["routes"]:
         source = ("template " + r["template"]) if r["template"] else "config"
@@ -164,9 +180,17 @@ def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
                      r.get("priority"), "shared" if weight is None else f"{weight:g}",
                      r.get("max_in_flight"), r.get("max_queued"), r.get("in_flight"),
                      r.get("queued")])  # fmt: skip
-    heads = ["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS", "PRIORITY", "WEIGHT",
+    heads = ["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS_24H", "PRIORITY", "WEIGHT",
              "MAX_IN_FLIGHT", "MAX_QUEUED", "IN_FLIGHT", "QUEUED"]  # fmt: skip
-    return answer, table(heads, rows)
+    return answer, table(heads, rows) + f"\n{footer} routes"
+
+
+def _paging(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--host", help=f"only {what} on this host")
+    p.add_argument("--model", help=f"only {what} of this model")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--cursor", help="the page after this cursor (printed under a page)")
+    p.add_argument("--all", action="store_true", help="every page")
 
 
 def _pin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
@@ -279,8 +303,15 @@ def add_parser(sub: Any) -> None:
         return p
 
     cmd("hosts", _hosts, "hosts: health, draining, slots, queue (and who waits), leases")
-    cmd("leases", _leases, "the lease table").add_argument("--route", help="only this route")
-    cmd("routes", _routes, "routes (configured and seen), pins, leases, queue shares")
+    p = cmd("leases", _leases, "the lease table, a page at a time (key order)")
+    p.add_argument("--route", help="only this route")
+    p.add_argument("--fp", help="only conversations whose fingerprint starts so")
+    _paging(p, "leases")
+    p = cmd("routes", _routes, "routes (configured and seen), pins, leases, queue shares")
+    p.add_argument("--search", help="only routes whose name contains this")
+    p.add_argument("--sort", choices=("name", "requests", "leases"), default=None,
+                   help="name (the default), or most requests (24 h) or leases first")  # fmt: skip
+    _paging(p, "routes")
     p = cmd("pin", _pin, "send every request of ROUTE to HOST (one of its configured hosts)")
     p.add_argument("route")
     p.add_argument("host")

@@ -13,9 +13,11 @@ if TYPE_CHECKING:
     from crossbar.hosts import HostEntry
 
 
-def host_status(name: str, host: HostEntry, draining: bool) -> dict[str, Any]:
-    """One host for GET /api/hosts."""
-    health, last = host.health, host.health.last
+def host_status(
+    name: str, host: HostEntry, draining: bool, now: float, window: float
+) -> dict[str, Any]:
+    """One host for GET /api/hosts; `now` on the hosts' clock, `window` the flap window."""
+    health, last, flaps = host.health, host.health.last, host.flaps
     return {
         "name": name,
         "url": hide_password(host.config.url),
@@ -23,6 +25,9 @@ def host_status(name: str, host: HostEntry, draining: bool) -> dict[str, Any]:
         "draining": draining,
         "reason": health.reason,
         "flips": health.flips,
+        "recent_falls": flaps.recent(now, window),
+        "held_down": flaps.held(now),
+        "held_for": max(0.0, flaps.held_until - now),  # seconds of hold-down left
         "consecutive_failures": health.bad,
         "consecutive_successes": health.good,
         "last_probe": None if last is None else asdict(last),

@@ -26,7 +26,9 @@ from twisted.web.client import HTTPConnectionPool
 
 from crossbar.catalog import Catalog
 from crossbar.config import Config, HostConfig, ModelConfig
-from crossbar.health import Getter, Health, Prober, build_client, failure_reason, treq_getter
+from crossbar.discovery import discover
+from crossbar.flaps import Flaps
+from crossbar.health import Getter, Health, Prober, build_client, treq_getter
 from crossbar.host_status import host_status
 
 Listener = Callable[[str, str], None]
@@ -55,6 +57,7 @@ class NoSuchHost(KeyError):
 class HostEntry:
     config: HostConfig
     health: Health = field(factory=Health)
+    flaps: Flaps = field(factory=Flaps)
     catalog: Catalog = field()
 
     @catalog.default
@@ -129,6 +132,11 @@ class Hosts:
         host = self._hosts.get(name)
         return host.catalog.ctx(model) if host is not None else None
 
+    def held_down(self, name: str) -> bool:
+        """True while a host that flapped is held out of new placements (flaps.py)."""
+        host = self._hosts.get(name)
+        return host is not None and host.flaps.held(self._clock.seconds())
+
     @property
     def flips(self) -> dict[str, int]:
         """Health flips per host since start (for metrics)."""
@@ -136,7 +144,11 @@ class Hosts:
 
     def status(self) -> list[dict[str, Any]]:
         """Every host for the admin API, in config order. Never includes the api key."""
-        return [host_status(name, h, name in self._draining) for name, h in self._hosts.items()]
+        now, window = self._clock.seconds(), self._config.server.flap_window
+        return [
+            host_status(name, h, name in self._draining, now, window)
+            for name, h in self._hosts.items()
+        ]
 
     # -- draining
 
@@ -213,6 +225,32 @@ class Hosts:
                 self._log.failure("health probe round failed to start")
                 self._end_round()
         return waiter
+
+    def probe(self, name: str) -> Deferred[None]:
+        """Probe one host now (the spread schedule's step, probe_schedule.py); joins a probe
+        of it under way. Never fails; fires at once for a host the config no longer has."""
+        host = self._hosts.get(name)
+        if host is None:
+            return succeed(None)
+        running = self._probing.get(name)
+        if running is None:
+            try:
+                running = self._start_probe(name, host)
+            except Exception:
+                self.probe_errors += 1
+                self._log.failure("health probe of {host} failed to start", host=name)
+                return succeed(None)
+        done: Deferred[None] = Deferred()
+
+        def finished(result: Any) -> Any:
+            if isinstance(result, Failure):
+                self.probe_errors += 1
+                self._log.failure("health probe of {host} failed", result, host=name)
+            done.callback(None)
+            return result if not isinstance(result, Failure) else None
+
+        running.addBoth(finished)
+        return done
 
     def stop(self) -> Deferred[None]:
         """Abandon probes under way and close our own connection pool."""
@@ -318,58 +356,37 @@ class Hosts:
         server = self._config.server
         if host.health.record(probe, server.unhealthy_after, server.healthy_after):
             self._flipped(name, host)
+        elif not host.health.healthy and host.flaps.still_down(self._clock.seconds()):
+            down, failed = host.flaps.summary(self._clock.seconds())
+            self._log.warn(
+                "host {host} still unhealthy after {down:.0f}s ({failed} probes failed since "
+                "the last line; last: {reason})",
+                host=name,
+                down=down,
+                failed=failed,
+                reason=probe.reason,
+            )
         if probe.ok and (host.config.discover or host.catalog.wanting_props()):
             await self._discover(name, host)
 
     def _flipped(self, name: str, host: HostEntry) -> None:
-        reason = host.health.reason
+        reason, now, s = host.health.reason, self._clock.seconds(), self._config.server
         if host.health.healthy:
+            hold = host.flaps.rose(now, s.flap_window, s.flap_holddown, s.flap_holddown_max)
+            if hold:
+                reason += f"; flapping, held out of new placements for {hold:g}s"
             self._log.info("host {host} is healthy again: {reason}", host=name, reason=reason)
         else:
+            host.flaps.fell(now, s.flap_window)
             # It may come back restarted with other settings: read /props again then.
             host.catalog.props_done = False
             self._log.warn("host {host} is unhealthy: {reason}", host=name, reason=reason)
 
     async def _discover(self, name: str, host: HostEntry) -> None:
-        before, catalog = self._parallels(), host.catalog
-        if host.config.discover:
-            try:
-                listed = await self._prober().list_models(host.config)
-            except CancelledError:
-                raise
-            except Exception as e:
-                # What the host listed before stays: a failed read is no news of its models.
-                why = str(e) if isinstance(e, ValueError) else failure_reason(e)
-                self._log.warn("host {host}: cannot read /models: {why}", host=name, why=why)
-                return
-            if self._hosts.get(name) is not host or host.catalog is not catalog:
-                return  # removed or reconfigured by a reload meanwhile
-            if catalog.take_listing(listed):
-                self._log.info(
-                    "host {host} serves {models}",
-                    host=name,
-                    models=", ".join(f"{m} ({state})" for m, state in listed.items()) or "nothing",
-                )
-        found, failed = await self._prober().read_props(host.config, catalog.wanting_props())
-        if self._hosts.get(name) is not host or host.catalog is not catalog:
-            return  # removed or reconfigured by a reload meanwhile
-        for model, why in failed.items():
-            self._log.warn(
-                "host {host}: cannot read /props for {model}: {why}",
-                host=name,
-                model=model,
-                why=why,
-            )
-        for model, props in found.items():
-            self._log.info(
-                "host {host} model {model}: /props says total_slots={slots}, n_ctx={n_ctx}",
-                host=name,
-                model=model,
-                slots=props.total_slots,
-                n_ctx=props.n_ctx,
-            )
-        catalog.take_props(found, failed)
-        self._notify(before)
+        before = self._parallels()
+        current = lambda: self._hosts.get(name) is host  # noqa: E731 - not removed meanwhile
+        if await discover(self._prober(), name, host, self._log, current):
+            self._notify(before)
 
     def _prober(self) -> Prober:
         return Prober(self._get, self._clock, self._config.server.health_timeout)

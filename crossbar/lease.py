@@ -25,10 +25,11 @@ from typing import TYPE_CHECKING
 
 from attrs import evolve
 from twisted.internet.defer import CancelledError, DeferredLock
-from twisted.internet.task import Clock
+from twisted.internet.task import Clock, deferLater
 from twisted.logger import Logger
 
 from crossbar.journal import Journal, shielded
+from crossbar.lease_expiry import idle_batches
 from crossbar.lease_memory import LeaseMemory, gc_paused
 from crossbar.lease_types import (
     Acquired,
@@ -155,8 +156,7 @@ class Table(LeaseMemory):
         self._seen.setdefault(key.route, set()).update(candidates)
         lock = self._locks.get(key)
         if lock is None:
-            # The common case (a conversation's next turn) decides with no write: no other
-            # acquire of the key runs, so it needs no lock either.
+            # A conversation's next turn, no write due: nothing else runs for the key, no lock.
             reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
             if reused is not None:
                 return reused
@@ -265,11 +265,16 @@ class Table(LeaseMemory):
 
     # -- operator and sweep ------------------------------------------------------------------
 
-    async def expire_idle(self, now: float) -> int:
-        """Drop leases unused for longer than `idle` (pins never expire); returns how many."""
-        idle = [lease for lease in self._index.all() if now - lease.last_used > self._idle]
-        written = await self._drop(idle, now, "idle", idle_before=now - self._idle)
-        return len(idle) - len(written.kept)
+    async def expire_idle(self, now: float, batch: int = 0) -> int:
+        """Drop leases unused for longer than `idle` (pins never expire); returns how many.
+        At most `batch` (0: all) per transaction, the reactor free between (lease_expiry.py)."""
+        expired, before = 0, now - self._idle
+        pause = lambda: deferLater(self._journal.clock, 0)  # noqa: E731
+        scan = list(self._index.all())
+        async for idle in idle_batches(scan, before, batch, self._index.get, pause):
+            written = await self._drop(idle, now, "idle", idle_before=before)
+            expired += len(idle) - len(written.kept)
+        return expired
 
     async def pin(self, route: str, host: str, now: float) -> None:
         """Send every request of `route` to `host`; the route's leases elsewhere are deleted.

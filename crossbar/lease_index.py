@@ -36,6 +36,20 @@ class LeaseIndex:
     def of_route(self, route: str) -> Iterator[Lease]:
         return (self._leases[key] for key in list(self._by_route.get(route, ())))
 
+    def keys(self, route: str | None = None) -> list[Key]:
+        if route is None:
+            return list(self._leases)
+        return list(self._by_route.get(route, ()))
+
+    def route_hosts(self) -> dict[str, dict[str, int]]:
+        """route -> host -> leases, summed over the route's models."""
+        out: dict[str, dict[str, int]] = {}
+        for (route, _model), hosts in self._route_hosts.items():
+            counts = out.setdefault(route, {})
+            for host, n in hosts.items():
+                counts[host] = counts.get(host, 0) + n
+        return out
+
     def count(self, host: str, model: str) -> int:
         return self._per_host.get((host, model), 0)
 

@@ -67,6 +67,18 @@ class LeaseMemory:
             key=lambda lease: (lease.key.route, lease.key.fp, lease.key.model),
         )
 
+    def keys(self, route: str | None = None) -> list[Key]:
+        """The keys of the leases (of `route`, or all), unsorted: a cheap copy to page over."""
+        return self._index.keys(route)
+
+    def lease(self, key: Key) -> Lease | None:
+        """The lease held under `key` (not a copy: read it, never change it), or None."""
+        return self._index.get(key)
+
+    def leases_by_route(self) -> dict[str, dict[str, int]]:
+        """route -> host -> leases held, from the index's counters (no scan of the leases)."""
+        return self._index.route_hosts()
+
     def count(self, host: str, model: str) -> int:
         """Leases of every route held on `host` for `model` (O(1))."""
         return self._index.count(host, model)

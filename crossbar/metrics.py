@@ -6,12 +6,9 @@ host health, the cache-hit ratio) and the counters other parts keep (the guard's
 limiter's, the prober's) are read from the live objects when Prometheus scrapes, so they can
 never drift from what the admin API shows.
 
-Label values a client could invent (a route no config serves, a model no host serves) are
-folded into "(unknown)", so a scanner cannot grow the series without bound. The queue metrics
-(`crossbar_queued`, `crossbar_queue_wait_seconds`) go further, as they multiply by host and
-model (and buckets): their `route` label is a concrete route's name, `template:<name>` for
-every route a template serves, and "(unknown)" for the rest, so a template serving a thousand
-project routes adds one series per host and model, not a thousand.
+Label values are bounded by the config (crossbar.metrics_labels): a route a template serves is
+labelled `template:<name>` unless `server.metrics_routes` lists it, a route or host no config
+names is "(unknown)", and a reload drops the series of routes and hosts it removed.
 """
 
 from __future__ import annotations
@@ -29,12 +26,12 @@ from crossbar.hosts import Hosts
 from crossbar.instances import Instances
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
+from crossbar.metrics_labels import UNKNOWN, Seen, host_stands, label_stands, route_label
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.usage import UsageRecorder
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+__all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]
 
-UNKNOWN = "(unknown)"
 # Seconds: a queue wait or a first byte ranges from a free slot (ms) to a long prefill (minutes).
 _BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -109,11 +106,22 @@ class Metrics:
         # The ratio is cached/prompt over all requests so far, per route.
         self._prompt: dict[str, int] = defaultdict(int)
         self._cached: dict[str, int] = defaultdict(int)
+        self._seen = Seen()
         r.register(_Live(self))
 
     def reconfigure(self, config: Config) -> None:
-        """Label by the reloaded config's routes, hosts and models."""
+        """Label by the reloaded config's routes, hosts and models; drop the series of the
+        routes and hosts it no longer has."""
         self.config = config
+
+        def stale(values: tuple[str, ...]) -> bool:
+            route, host = values[0], values[1]
+            return not (label_stands(config, route) and host_stands(config, host))
+
+        self._seen.forget_stale(stale)
+        for route in [r for r in self._prompt if not label_stands(config, r)]:
+            del self._prompt[route]
+            self._cached.pop(route, None)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
@@ -124,21 +132,21 @@ class Metrics:
     def observe(self, row: UsageRow) -> None:
         """One finished request (a UsageRecorder observer)."""
         route, host, model = self._labels(row)
-        self.requests.labels(route, host, model, str(row.status)).inc()
+        seen = self._seen
+        seen.labels(self.requests, route, host, model, str(row.status)).inc()
         if row.status >= 400 or row.error:
-            self.request_errors.labels(route, host, model).inc()
+            seen.labels(self.request_errors, route, host, model).inc()
         if row.queue_ms is not None and host:
-            label = route_label(self.config, row.route)
-            self.queue_wait.labels(label, host, model).observe(row.queue_ms / 1000)
+            seen.labels(self.queue_wait, route, host, model).observe(row.queue_ms / 1000)
         if row.ttfb_ms is not None:
-            self.ttfb.labels(route, host, model).observe(row.ttfb_ms / 1000)
+            seen.labels(self.ttfb, route, host, model).observe(row.ttfb_ms / 1000)
         for kind, n in (
             ("prompt", row.prompt_tokens),
             ("cached", row.cached_tokens),
             ("completion", row.completion_tokens),
         ):
             if n:
-                self.tokens.labels(route, host, model, kind).inc(n)
+                seen.labels(self.tokens, route, host, model, kind).inc(n)
         if row.prompt_tokens:
             self._prompt[route] += row.prompt_tokens
             self._cached[route] += row.cached_tokens
@@ -151,26 +159,15 @@ class Metrics:
 
     def _labels(self, row: UsageRow) -> tuple[str, str, str]:
         config = self.config
-        route = row.route if config.route(row.route) is not None else UNKNOWN
+        route = route_label(config, row.route)
         host = row.host if row.host in config.hosts else ("" if not row.host else UNKNOWN)
         served = any(self.hosts.model(h, row.model) is not None for h in config.hosts)
         model = row.model if served else ("" if not row.model else UNKNOWN)
         return route, host, model
 
     def cache_hit_ratios(self) -> dict[str, float]:
-        """route -> cached / prompt tokens over every request seen."""
+        """route label -> cached / prompt tokens over every request seen."""
         return {r: self._cached[r] / p for r, p in self._prompt.items() if p}
-
-
-def route_label(config: Config, name: str) -> str:
-    """The `route` label of the queue metrics: a concrete route's name, `template:<name>` for a
-    route a template serves, "(unknown)" for anything else."""
-    if name in config.routes:
-        return name
-    route = config.route(name)
-    if route is not None and route.template is not None:
-        return f"template:{route.template}"
-    return UNKNOWN
 
 
 def _queued_by_route(config: Config, limiter: Limiter, host: str, model: str) -> dict[str, int]:
@@ -303,13 +300,19 @@ def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
     flips = CounterMetricFamily(
         "crossbar_host_health_flips", "Health changes of each host.", labels=["host"]
     )
+    held = GaugeMetricFamily(
+        "crossbar_host_held_down",
+        "1 while a flapping host is held out of new placements, else 0.",
+        labels=["host"],
+    )
     counted = hosts.flips
     for name in config.hosts:
+        held.add_metric([name], 1 if hosts.held_down(name) else 0)
         pins.add_metric([name], pinned.get(name, 0))
         healthy.add_metric([name], 1 if hosts.healthy(name) else 0)
         draining.add_metric([name], 1 if hosts.draining(name) else 0)
         flips.add_metric([name], counted.get(name, 0))
-    yield from (leases, pins, healthy, draining, flips)
+    yield from (leases, pins, healthy, draining, flips, held)
     yield CounterMetricFamily(
         "crossbar_probe_errors",
         "Bugs caught in health probe rounds (a probe that fails is not one).",

@@ -29,6 +29,7 @@ class _Table:
     columns: tuple[str, ...]
     order: str  # the order rows are copied in (events and usage keep theirs)
     label: str
+    since: int = 1  # the schema version that made the table
 
 
 _TABLES = (
@@ -40,6 +41,12 @@ _TABLES = (
     _Table("usage", ("at", "route", "fp", "model", "host", "path", "status", "stream",
                      "prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms",
                      "ttfb_ms", "duration_ms", "lease", "error"), "id", "usage rows"),
+    _Table("usage_minutes", ("minute", "route", "host", "model", "requests", "errors",
+                             "prompt_tokens", "cached_tokens", "completion_tokens"),
+           "minute, route, host, model", "per-minute usage sums", since=3),
+    _Table("usage_hours", ("hour", "route", "host", "model", "requests", "errors",
+                           "prompt_tokens", "cached_tokens", "completion_tokens"),
+           "hour, route, host, model", "per-hour usage sums", since=3),
 )  # fmt: skip
 
 
@@ -125,7 +132,13 @@ def _copy(src: _Conn, source: str, dst: _Conn, target: str) -> list[str]:
                     f"{redact(target)} already holds {n} {table.label}: migrate-store copies "
                     "into an empty store only"
                 )
-        counts = [(table, _copy_table(src, dst, table)) for table in _TABLES]
+        (version,) = src.one("SELECT version FROM schema_version")
+        counts = [(t, _copy_table(src, dst, t)) for t in _TABLES if version >= t.since]
+        if version >= 3:  # how far the sums reach, and from when raw rows are kept
+            bounds = src.one("SELECT rolled_until, hours_until, raw_from FROM usage_rollup")
+            cur = dst.conn.cursor()
+            sql = "UPDATE usage_rollup SET rolled_until = ?, hours_until = ?, raw_from = ?"
+            cur.execute(dst.backend.sql(sql), tuple(bounds))
         dst.conn.commit()
     except MigrateError:
         dst.conn.rollback()

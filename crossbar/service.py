@@ -28,6 +28,7 @@ from zope.interface import implementer
 from crossbar.config import Config, ConfigError, load_config
 from crossbar.follower import FOLLOW_EVERY
 from crossbar.hosts import Hosts
+from crossbar.probe_schedule import ProbeSchedule
 from crossbar.store import Store
 from crossbar.sweep import Sweep
 from crossbar.wiring import Parts, Sites, build_parts, make_sites
@@ -131,9 +132,9 @@ class CrossbarService(MultiService):
         self.parts = parts = await build_parts(config, reactor, self._store, self._endpoints)
         self.sites = sites = make_sites(config, parts, self.reload)
         sweep = Sweep(config, parts.table, parts.store, reactor)
+        await parts.hosts.probe_all()  # every host at once: the proxy port waits for it
         probes = probe_timer(config, parts.hosts, reactor)
-        probes.setServiceParent(self)  # its first round starts now...
-        await parts.hosts.probe_all()  # ...and the proxy port waits for it
+        probes.setServiceParent(self)  # then each host at its own phase of the interval
         sweeper = Every("sweep", _sweep_interval, config, sweep.run, reactor)
         sweeper.setServiceParent(self)
         # Other instances sharing the store: their changes, and this one's slot share, known
@@ -269,10 +270,10 @@ def _health_interval(config: Config) -> float:
     return config.server.health_interval
 
 
-def probe_timer(config: Config, hosts: Hosts, clock: Any) -> Every:
-    """Probe rounds every `health_interval`, the first at once; a slow round delays the next
-    instead of overlapping it."""
-    return Every("probes", _health_interval, config, hosts.probe_all, clock)
+def probe_timer(config: Config, hosts: Hosts, clock: Any) -> ProbeSchedule:
+    """Each host probed every `health_interval` at its own phase (probe_schedule.py); a slow
+    probe delays that host's next one instead of overlapping it."""
+    return ProbeSchedule(config, hosts, clock)
 
 
 def _follow_every(config: Config) -> float:

@@ -2,10 +2,12 @@
 what several instances share: the change log and their heartbeats.
 
 SQLite (one file, WAL) or PostgreSQL (crossbar.backends), through `twisted.enterprise.adbapi`
-with one connection on one thread, so writes complete in the order they were submitted.
-Functions run in that thread never touch the reactor. Opening and migrations:
-crossbar.store_setup; the lease table's writes: `write` here, the conditions explained on
-`crossbar.lease_types.Change`.
+with one writing connection on one thread, so writes complete in the order they were
+submitted; lease changes and usage rows go in group commits (store_batch.py). The admin API's
+reports read on a second connection of their own (SQLite's WAL lets a reader work beside the
+writer), so a long report never delays a lease write, nor waits behind one. Functions run in
+those threads never touch the reactor. Opening and migrations: crossbar.store_setup; the lease
+table's writes: `write` here, the conditions explained on `crossbar.lease_types.Change`.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from twisted.internet.threads import deferToThreadPool
 from crossbar.backends import SQLITE, Backend, backend_for, redact
 from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store_queries import usage_series_rows, usage_totals_rows
+from crossbar.store_batch import GroupCommit, write_group
+from crossbar.store_queries import top_moves_rows, usage_series_rows, usage_totals_rows
+from crossbar.store_rollups import RolledUp, roll_up
 from crossbar.store_setup import StoreError, check, diagnose, init_connection, migrate, shut
-from crossbar.store_writes import ChangeRow, read_changes, write_change, write_draining
+from crossbar.store_writes import ChangeRow, read_changes, write_draining
 
 __all__ = ["USAGE_GROUPS", "ChangeRow", "Store", "StoreError", "check"]
 
@@ -34,6 +38,9 @@ _LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"
 _EVENT_COLUMNS = ", ".join(a.name for a in fields(LeaseEvent))
 _USAGE_COLUMNS = ", ".join(a.name for a in fields(UsageRow))
 _STATES = {s.value: s for s in State}  # a dict lookup; State(value) is slower
+_USAGE_INSERT = (
+    f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES ({', '.join('?' * len(fields(UsageRow)))})"
+)
 
 
 @frozen
@@ -53,9 +60,19 @@ class Store:
     """The database. Open it with `await Store.open(db, reactor)`; every method is async."""
 
     def __init__(
-        self, pool: ConnectionPool, db: str, reactor: IReactorCore, backend: Backend, instance: str
+        self,
+        pool: ConnectionPool,
+        db: str,
+        reactor: IReactorCore,
+        backend: Backend,
+        instance: str,
+        reader: ConnectionPool | None = None,
     ) -> None:
+        """`reader`: the reports' connection (None: they share the writer's, as ":memory:"
+        must, being one database per connection)."""
         self._pool = pool
+        self._reader = reader
+        self.group = GroupCommit(self._write_group)
         self._reactor = reactor
         self._backend = backend
         self.db = db
@@ -79,7 +96,8 @@ class Store:
             reason = await deferToThreadPool(reactor, pool.threadpool, diagnose, db, e)
             await shut(pool, reactor)
             raise StoreError(f"cannot open the store {redact(db)}: {reason}") from e
-        return cls(pool, db, reactor, backend, instance)
+        reader = None if db == ":memory:" else backend.pool(db, reactor, openfun)
+        return cls(pool, db, reactor, backend, instance, reader)
 
     @property
     def backend(self) -> Backend:
@@ -89,6 +107,8 @@ class Store:
         """Close the connection (in its own thread) and stop the pool."""
         if not self._closed:
             self._closed = True
+            if self._reader is not None:
+                await shut(self._reader, self._reactor)
             await shut(self._pool, self._reactor)
 
     async def _run(self, what: str, fn: Callable[..., T], *args: Any, durable: bool = False) -> T:
@@ -104,6 +124,21 @@ class Store:
     async def _query(self, what: str, sql: str, args: tuple = ()) -> list[tuple]:
         return await self._run(what, _query, self._backend.sql(sql), args)
 
+    async def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """A report for the admin API, on the reader's connection: never behind a write."""
+        if self._reader is None:
+            return await self._run(what, fn, *args)
+        if self._closed:
+            raise StoreError(f"store {self.path}: {what} after close")
+        try:
+            return await self._reader.runInteraction(fn, *args)
+        except self._backend.errors as e:
+            raise StoreError(f"store {self.path}: {what} failed: {e}") from e
+
+    def _write_group(self, items: list, durable: bool, what: str) -> Any:
+        args = (self._backend, self.instance, self._backend.sql(_USAGE_INSERT), items)
+        return self._run(what, write_group, *args, durable=durable)
+
     # -- leases ------------------------------------------------------------------------------
 
     async def write(self, change: Change, durable: bool = False) -> Written:
@@ -112,9 +147,9 @@ class Store:
         returns, for what an operator is told is done."""
         if not (change.save or change.delete or change.events):
             return Written()
-        return await self._run(
-            "saving leases", write_change, self._backend, self.instance, change, durable=durable
-        )
+        if self._closed:
+            raise StoreError(f"store {self.path}: saving leases after close")
+        return await self.group.lease(change, durable)
 
     async def apply(
         self,
@@ -154,7 +189,8 @@ class Store:
         """Lease events, newest first, optionally of one route and from `since` on."""
         where, args = _where(route=route, since=since)
         sql = f"SELECT {_EVENT_COLUMNS} FROM lease_events{where} ORDER BY at DESC, id DESC LIMIT ?"
-        rows = await self._query("listing events", sql, (*args, max(limit, 0)))
+        sql = self._backend.sql(sql)
+        rows = await self._read("listing events", _query, sql, (*args, max(limit, 0)))
         return [LeaseEvent(*row) for row in rows]
 
     # -- usage -------------------------------------------------------------------------------
@@ -167,25 +203,36 @@ class Store:
         """Write usage rows in one transaction (one commit for the lot)."""
         if not rows:
             return
-        values = [_usage_values(row) for row in rows]
-        sql = f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES ({', '.join('?' * len(values[0]))})"
-        await self._run("recording usage", _execute_many, self._backend, self._backend.sql(sql),
-                        values)  # fmt: skip
+        if self._closed:
+            raise StoreError(f"store {self.path}: recording usage after close")
+        await self.group.usage([_usage_values(row) for row in rows])
 
-    async def usage_totals(self, by: str, since: float | None = None) -> list[dict[str, Any]]:
+    async def usage_totals(
+        self, by: str, since: float | None = None, percentiles: bool = True
+    ) -> list[dict[str, Any]]:
         """Totals per route, host or model (`by`), sorted by it: requests, errors (status >= 400
-        or an error), tokens, and the nearest-rank p50/p95 time to first byte (None when no
-        request of the group measured one)."""
+        or an error), tokens, and the nearest-rank p50/p95 time to first byte over the raw rows
+        (None when no request of the group measured one, or `percentiles` is false)."""
         if by not in USAGE_GROUPS:
             raise ValueError(f"usage_totals: by must be one of {USAGE_GROUPS}, not {by!r}")
-        return await self._run("summing usage", usage_totals_rows, self._backend, by, since)
+        args = (self._backend, by, since, percentiles)
+        return await self._read("summing usage", usage_totals_rows, *args)
 
     async def usage_series(self, since: float, bucket: float) -> list[dict[str, Any]]:
         """Per `bucket` seconds (aligned to multiples of it) and route, from `since` on:
         requests and tokens, oldest bucket first. For the dashboard's chart."""
         if bucket <= 0:
             raise ValueError(f"usage_series: bucket must be positive, not {bucket!r}")
-        return await self._run("charting usage", usage_series_rows, self._backend, since, bucket)
+        return await self._read("charting usage", usage_series_rows, self._backend, since, bucket)
+
+    async def top_moves(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """The conversations moved between hosts most often since `since`, most first."""
+        return await self._read("counting moves", top_moves_rows, self._backend, since, limit)
+
+    async def roll_up(self, now: float, raw_before: float) -> RolledUp:
+        """Sum whole minutes of usage rows into per-minute and per-hour rows (an hour's worth
+        at most), then delete the raw rows before `raw_before` that are summed."""
+        return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 
@@ -286,6 +333,8 @@ def _prune(
     events = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
     usage = txn.rowcount
+    txn.execute(backend.sql("DELETE FROM usage_minutes WHERE minute < ?"), (usage_before,))
+    txn.execute(backend.sql("DELETE FROM usage_hours WHERE hour < ?"), (usage_before,))
     txn.execute(backend.sql("DELETE FROM changes WHERE at < ?"), (changes_before,))
     txn.execute(f"DELETE FROM instances WHERE heartbeat < {backend.epoch_now} - 86400")
     return events, usage
@@ -299,11 +348,6 @@ def _query(txn: Transaction, sql: str, args: tuple = ()) -> list[tuple]:
 def _usage_values(row: UsageRow) -> tuple:
     values = astuple(row)  # fields in column order, `stream` stored as 0/1
     return (*values[:7], int(row.stream), *values[8:])
-
-
-def _execute_many(txn: Transaction, backend: Backend, sql: str, rows: list[tuple]) -> None:
-    _begin(txn, backend)
-    txn.executemany(sql, rows)
 
 
 def _write(txn: Transaction, backend: Backend, sql: str, args: tuple = ()) -> None:

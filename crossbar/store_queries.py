@@ -1,77 +1,206 @@
 """The store's usage reports, written once for SQLite and PostgreSQL alike (run in the store's
-thread)."""
+thread).
+
+A report over a window the raw rows still cover (`since` at or after `raw_from`) reads the raw
+rows alone. An older window reads the raw rows from `rolled_until` on, the per-minute sums
+before it, and, for the whole hours before `hours_until`, the per-hour sums (a month is 720
+hours, not 43,200 minutes). The TTFB percentiles, which cannot be summed, come from the raw
+rows the window still has (the last server.usage_raw_retention). Every range read is on an
+index: usage (at), and the sums' primary keys, which start with their minute or hour.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from attrs import frozen
 from twisted.enterprise.adbapi import Transaction
 
 from crossbar.backends import SQLITE, Backend
 
 _NAMES = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
+_RAW_SUMS = """COUNT(*), SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END),
+               SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)"""
+_SUMS = """SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens),
+           SUM(completion_tokens)"""
+_INF = float("inf")
+PERCENTILE_SAMPLE = 10_000  # the latest raw rows of a window the TTFB percentiles read
+
+
+@frozen
+class Bounds:
+    """How far the sums reach: raw rows before `rolled_until` are in usage_minutes, minutes
+    before `hours_until` in usage_hours; raw rows are kept from `raw_from` on."""
+
+    rolled_until: float
+    raw_from: float
+    hours_until: float
+
+
+@frozen
+class Part:
+    """One range of one table a report reads: `column` in [lo, hi)."""
+
+    table: str
+    column: str
+    lo: float
+    hi: float
+    sums: str
+
+
+def rollup_bounds(txn: Transaction) -> Bounds:
+    """The sums' reach, as usage_rollup records it."""
+    txn.execute("SELECT rolled_until, raw_from, hours_until FROM usage_rollup")
+    return Bounds(*(float(v) for v in txn.fetchone()))
+
+
+def _parts(
+    txn: Transaction, since: float | None, minutes: bool = True, hours: bool = True
+) -> tuple[list[Part], float]:
+    """The ranges of raw rows and sums a window from `since` reads (each row counted once),
+    and where the raw rows still kept begin (for percentiles). Sums answer wherever they
+    exist: raw rows are read only after `rolled_until` (the last few minutes) and for the
+    window's first, partial minute. `minutes`/`hours`: whole minutes/hours may come from the
+    sums (not for a series whose buckets are not whole minutes/hours, while raw rows remain)."""
+    b = rollup_bounds(txn)
+    start = since if since is not None else -_INF
+    kept_from = max(start, b.raw_from)
+    raw_covers = since is not None and since >= b.raw_from
+    if b.rolled_until <= start or (raw_covers and not minutes):
+        return [Part("usage", "at", start, _INF, _RAW_SUMS)], kept_from
+    parts = [Part("usage", "at", b.rolled_until, _INF, _RAW_SUMS)]
+    first = -(-start // 60) * 60 if since is not None else -_INF  # the first whole minute
+    if start < first:  # a partial minute: its raw rows if kept, else the whole minute's sum
+        if raw_covers:
+            parts.append(Part("usage", "at", start, min(first, b.rolled_until), _RAW_SUMS))
+        else:
+            first -= 60
+    hour = -(-first // 3600) * 3600 if since is not None else -_INF  # the first whole hour
+    if hours and hour < b.hours_until:
+        parts.append(Part("usage_minutes", "minute", first, hour, _SUMS))
+        parts.append(Part("usage_hours", "hour", hour, b.hours_until, _SUMS))
+        parts.append(Part("usage_minutes", "minute", b.hours_until, b.rolled_until, _SUMS))
+    else:
+        parts.append(Part("usage_minutes", "minute", first, b.rolled_until, _SUMS))
+    return [p for p in parts if p.lo < p.hi], kept_from
+
+
+def _select(parts: list[Part], what: str, group: str) -> tuple[str, tuple]:
+    """One SELECT per part (`what` with {col}: its time column), all in a UNION ALL."""
+    selects, args = [], []
+    for p in parts:
+        where, bounds = [], []
+        if p.lo != -_INF:
+            where.append(f"{p.column} >= ?")
+            bounds.append(p.lo)
+        if p.hi != _INF:
+            where.append(f"{p.column} < ?")
+            bounds.append(p.hi)
+        clause = " WHERE " + " AND ".join(where) if where else ""
+        head = what.format(col=p.column)
+        selects.append(f"SELECT {head}, {p.sums} FROM {p.table}{clause} GROUP BY {group}")
+        args += bounds
+    return f"SELECT * FROM ({' UNION ALL '.join(selects)}) parts", tuple(args)
 
 
 def usage_totals_rows(
-    txn: Transaction, backend: Backend, by: str, since: float | None
+    txn: Transaction, backend: Backend, by: str, since: float | None, percentiles: bool = True
 ) -> list[dict[str, Any]]:
     """Totals per `by` (a column name the caller checked: never client text)."""
-    where, args = ("", ()) if since is None else (" WHERE at >= ?", (since,))
-    sql = f"""
-        WITH picked AS (SELECT * FROM usage{where}),
-        totals AS (
-            SELECT {by} AS k, COUNT(*) AS requests,
-                   SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END) AS errors,
-                   SUM(prompt_tokens) AS prompt, SUM(cached_tokens) AS cached,
-                   SUM(completion_tokens) AS completion
-            FROM picked GROUP BY {by}),
-        ranked AS (
-            SELECT {by} AS k, ttfb_ms AS v,
-                   ROW_NUMBER() OVER (PARTITION BY {by} ORDER BY ttfb_ms) AS rn,
-                   COUNT(*) OVER (PARTITION BY {by}) AS n
-            FROM picked WHERE ttfb_ms IS NOT NULL),
-        pct AS (
-            -- nearest rank: the ceil(p * n)-th smallest, in integer arithmetic
-            SELECT k, MIN(CASE WHEN rn = (n + 1) / 2 THEN v END) AS p50,
-                      MIN(CASE WHEN rn = (95 * n + 99) / 100 THEN v END) AS p95
-            FROM ranked GROUP BY k)
-        SELECT t.k, requests, errors, prompt, cached, completion, p50, p95
-        FROM totals t LEFT JOIN pct ON pct.k = t.k ORDER BY t.k"""
+    parts, kept_from = _parts(txn, since)
+    sql, args = _select(parts, by, by)
     txn.execute(backend.sql(sql), args)
+    totals: dict[str, list[int]] = {}
+    for key, *values in txn.fetchall():
+        sums = totals.setdefault(key, [0] * len(_NAMES))
+        for i, value in enumerate(values):
+            sums[i] += int(value or 0)
+    pct = _percentiles(txn, backend, by, kept_from) if percentiles else {}
     return [
         {
-            by: row[0],
-            **{name: _int(value) for name, value in zip(_NAMES, row[1:6], strict=True)},
-            "ttfb_p50_ms": row[6],
-            "ttfb_p95_ms": row[7],
+            by: key,
+            **dict(zip(_NAMES, totals[key], strict=True)),
+            "ttfb_p50_ms": pct.get(key, (None, None))[0],
+            "ttfb_p95_ms": pct.get(key, (None, None))[1],
         }
-        for row in txn.fetchall()
+        for key in sorted(totals)
     ]
+
+
+def _percentiles(
+    txn: Transaction, backend: Backend, by: str, since: float
+) -> dict[str, tuple[float | None, float | None]]:
+    """Nearest-rank p50 and p95 of the time to first byte per `by`, over the window's latest
+    PERCENTILE_SAMPLE raw rows (all of them in a quieter window): read newest first on the
+    `at` index, so a busy day costs as much as a quiet hour."""
+    where, args = ("", ()) if since == -_INF else (" AND at >= ?", (since,))
+    sql = (
+        f"SELECT {by}, ttfb_ms FROM usage WHERE ttfb_ms IS NOT NULL{where} ORDER BY at DESC LIMIT ?"
+    )
+    txn.execute(backend.sql(sql), (*args, PERCENTILE_SAMPLE))
+    groups: dict[str, list[float]] = {}
+    for key, value in txn.fetchall():
+        groups.setdefault(key, []).append(float(value))
+    out = {}
+    for key, values in groups.items():
+        values.sort()
+        n = len(values)
+        # nearest rank: the ceil(p * n)-th smallest, in integer arithmetic
+        out[key] = (values[(n + 1) // 2 - 1], values[(95 * n + 99) // 100 - 1])
+    return out
 
 
 def usage_series_rows(
     txn: Transaction, backend: Backend, since: float, bucket: float
 ) -> list[dict[str, Any]]:
     """Requests and tokens per bucket (aligned to multiples of it) and route."""
-    floor = "CAST(at / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR(at / ?) AS BIGINT)"
-    sql = f"""
-        SELECT {floor} AS b, route, COUNT(*), SUM(prompt_tokens),
-               SUM(cached_tokens), SUM(completion_tokens)
-        FROM usage WHERE at >= ? GROUP BY b, route ORDER BY b, route"""
-    txn.execute(backend.sql(sql), (bucket, since))
+    floor = (
+        "CAST({col} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({col} / ?) AS BIGINT)"
+    )
+    parts, _ = _parts(txn, since, minutes=bucket % 60 == 0, hours=bucket % 3600 == 0)
+    sql, args = _select(parts, floor + " AS b, route", "b, route")
+    # Each part's SELECT takes the bucket first, then its bounds.
+    args = _with_bucket(parts, args, bucket)
+    txn.execute(backend.sql(sql), args)
+    points: dict[tuple[int, str], list[int]] = {}
+    for b, route, requests, _errors, prompt, cached, completion in txn.fetchall():
+        sums = points.setdefault((int(b), route), [0, 0, 0, 0])
+        for i, value in enumerate((requests, prompt, cached, completion)):
+            sums[i] += int(value or 0)
     return [
         {
             "at": b * float(bucket),
             "route": route,
-            "requests": _int(requests),
-            "prompt_tokens": _int(prompt),
-            "cached_tokens": _int(cached),
-            "completion_tokens": _int(completion),
+            "requests": requests,
+            "prompt_tokens": prompt,
+            "cached_tokens": cached,
+            "completion_tokens": completion,
         }
-        for b, route, requests, prompt, cached, completion in txn.fetchall()
+        for (b, route), (requests, prompt, cached, completion) in sorted(points.items())
     ]
 
 
-def _int(value: Any) -> int | None:
-    # PostgreSQL sums integers as numeric (a Decimal in Python): JSON wants a number.
-    return None if value is None else int(value)
+def _with_bucket(parts: list[Part], args: tuple, bucket: float) -> tuple:
+    out, i = [], 0
+    for p in parts:
+        n = (p.lo != -_INF) + (p.hi != _INF)
+        out += [bucket, *args[i : i + n]]
+        i += n
+    return tuple(out)
+
+
+def top_moves_rows(
+    txn: Transaction, backend: Backend, since: float, limit: int
+) -> list[dict[str, Any]]:
+    """The conversations moved from one host to another most often since `since` (a lease
+    event with both hosts and a model: not a birth, a drop or a pin), most first."""
+    sql = """
+        SELECT route, fp, model, COUNT(*) AS n, MAX(at) AS last
+        FROM lease_events
+        WHERE at >= ? AND from_host <> '' AND to_host <> '' AND model <> ''
+        GROUP BY route, fp, model ORDER BY n DESC, last DESC, route, fp, model LIMIT ?"""
+    txn.execute(backend.sql(sql), (since, limit))
+    return [
+        {"route": route, "fp": fp, "model": model, "moves": int(n), "last_moved": last}
+        for route, fp, model, n, last in txn.fetchall()
+    ]

@@ -53,9 +53,12 @@ def _key(key: Key) -> tuple:
     return (key.route, key.fp, key.model)
 
 
-def write_change(txn: Transaction, backend: Backend, instance: str, change: Change) -> Written:
-    """See `Change`: the conditional part first, so a failed condition writes nothing."""
-    if backend.begin_write:
+def write_change(
+    txn: Transaction, backend: Backend, instance: str, change: Change, begin: bool = True
+) -> Written:
+    """See `Change`: the conditional part first, so a failed condition writes nothing.
+    `begin`: open the write transaction (not when it is one of a group, store_batch.py)."""
+    if begin and backend.begin_write:
         txn.execute(backend.begin_write)
     saves = list(change.save)
     if change.expect is not None:
@@ -74,11 +77,7 @@ def write_change(txn: Transaction, backend: Backend, instance: str, change: Chan
     kept: set[Key] = set()
     deleted = list(change.delete)
     if change.idle_before is not None:
-        sql = backend.sql(f"DELETE FROM leases WHERE {_KEY} AND last_used < ?")
-        for key in change.delete:
-            txn.execute(sql, (*_key(key), change.idle_before))
-            if txn.rowcount != 1:
-                kept.add(key)  # used since, on another instance: not idle after all
+        kept = _delete_idle(txn, backend, change.delete, change.idle_before)
         deleted = [key for key in deleted if key not in kept]
     elif deleted:
         txn.executemany(backend.sql(f"DELETE FROM leases WHERE {_KEY}"), map(_key, deleted))
@@ -92,6 +91,28 @@ def write_change(txn: Transaction, backend: Backend, instance: str, change: Chan
     logged += [(key, "", "", 0.0, 0.0) for key in deleted]
     last = _log(txn, backend, instance, "lease", logged, at)
     return Written(kept=frozenset(kept), change_id=last)
+
+
+def _delete_idle(
+    txn: Transaction, backend: Backend, keys: Sequence[Key], before: float
+) -> set[Key]:
+    """Delete the leases of `keys` unused since `before`; the keys not deleted (used since,
+    on another instance: not idle after all). All in one go when every one goes (the usual
+    case, a sweep's batch); else again key by key, to tell which stayed."""
+    sql = backend.sql(f"DELETE FROM leases WHERE {_KEY} AND last_used < ?")
+    txn.execute("SAVEPOINT idle")
+    txn.executemany(sql, [(*_key(key), before) for key in keys])
+    if txn.rowcount == len(keys):
+        txn.execute("RELEASE SAVEPOINT idle")
+        return set()
+    txn.execute("ROLLBACK TO SAVEPOINT idle")
+    kept: set[Key] = set()
+    for key in keys:
+        txn.execute(sql, (*_key(key), before))
+        if txn.rowcount != 1:
+            kept.add(key)
+    txn.execute("RELEASE SAVEPOINT idle")
+    return kept
 
 
 def _conditional(txn: Transaction, backend: Backend, lease: Lease, had: str) -> bool:

@@ -13,7 +13,8 @@ from twisted.python.failure import Failure
 
 from crossbar.config import Config, parse_config
 from crossbar.hosts import Hosts
-from crossbar.service import Every, probe_timer
+from crossbar.probe_schedule import ProbeSchedule
+from crossbar.service import probe_timer
 
 HANG = "hang"
 TITAN, ATLAS = "http://titan:8080", "http://atlas:8080"
@@ -114,13 +115,15 @@ def _bytes(body: bytes | str) -> bytes:
 class World:
     """Hosts on a fake clock with fake HTTP (every /health answering 200), a log and a listener."""
 
-    def __init__(self, store: FakeStore | None = None, **server: Any) -> None:
+    def __init__(
+        self, store: FakeStore | None = None, hosts: dict[str, Any] | None = None, **server: Any
+    ) -> None:
         self.clock = Clock()
         self.http = FakeHTTP(self.clock)
         self.log = LogCapture()
         self.store = store
         self.changes: list[tuple[str, str]] = []
-        self.config = config(**server)
+        self.config = config(hosts, **server)
         self.hosts = self.make(self.config)
         self.http.health(TITAN, 200)
         self.http.health(ATLAS, 200)
@@ -130,7 +133,7 @@ class World:
         hosts.add_listener(lambda h, m: self.changes.append((h, m)))
         return hosts
 
-    def timer(self) -> Every:
+    def timer(self) -> ProbeSchedule:
         """The probe timer as the service runs it, on this world's clock (not started)."""
         return probe_timer(self.config, self.hosts, self.clock)
 

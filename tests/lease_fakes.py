@@ -15,6 +15,7 @@ from crossbar.lease import Key, Lease, Table
 from crossbar.lease_types import Change, Written
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store import Store, StoreError
+from crossbar.store_rollups import RolledUp
 
 
 @define
@@ -23,9 +24,13 @@ class FakeHosts:
 
     down: set[str] = field(factory=set)
     drained: set[str] = field(factory=set)
+    held: set[str] = field(factory=set)  # held out of new placements after flapping
 
     def healthy(self, name: str) -> bool:
         return name not in self.down
+
+    def held_down(self, name: str) -> bool:
+        return name in self.held
 
     def draining(self, name: str) -> bool:
         return name in self.drained
@@ -69,6 +74,12 @@ class MemoryStore:
         pruned = (len(self.events) - len(events), len(self.usage) - len(usage))
         self.events, self.usage = events, usage
         return pruned
+
+    async def roll_up(self, now: float, raw_before: float) -> RolledUp:
+        """No per-minute sums here: the raw rows before `raw_before` just go."""
+        kept = [u for u in self.usage if u.at >= raw_before]
+        deleted, self.usage = len(self.usage) - len(kept), kept
+        return RolledUp(0, deleted, True)
 
     async def close(self) -> None:
         self.closed = True

@@ -352,3 +352,18 @@ def test_peers_may_name_a_route_served_by_a_template():
         templates={"p": {"match": "proj-*", "hosts": ["titan"]}},
     )
     assert c.route("convo").peers == ("proj-review",)
+
+
+def test_usage_raw_retention_and_metrics_routes_are_read_and_checked():
+    server = {"usage_raw_retention": "6h", "metrics_routes": ["team-7"]}
+    config = parse_config({"hosts": HOSTS, "server": server})
+    assert config.server.usage_raw_retention == 6 * 3600
+    assert config.server.metrics_routes == ("team-7",)
+    assert ServerConfig().usage_raw_retention == 48 * 3600 and ServerConfig().metrics_routes == ()
+    found = errors_of(
+        {"hosts": HOSTS, "server": {"usage_raw_retention": "soon", "metrics_routes": "team-7"}}
+    )
+    assert [e.split(":")[0] for e in found] == [
+        "server.usage_raw_retention",
+        "server.metrics_routes",
+    ]

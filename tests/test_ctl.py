@@ -76,8 +76,9 @@ async def test_pin_unpin_release_leases_and_events_read_as_sentences_and_tables(
     await crossbar.chat("convo", conversation("b"))
     assert await ctl(crossbar, "pin", "convo", "atlas") == (0, "route convo pinned to atlas\n", "")
     code, out, _ = await ctl(crossbar, "leases", "--route", "convo")
-    header, *rows = out.splitlines()
+    header, *rows, footer = out.splitlines()
     assert header.split() == ["ROUTE", "FP", "MODEL", "HOST", "IDLE"]
+    assert footer == f"{len(rows)} of {len(rows)} leases"
     assert [r.split()[3] for r in rows] == ["atlas"]
     assert await ctl(crossbar, "unpin", "convo") == (0, "route convo unpinned (was atlas)\n", "")
     assert await ctl(crossbar, "unpin", "convo") == (0, "route convo was not pinned\n", "")
@@ -240,3 +241,23 @@ def test_events_leaves_the_limit_to_the_api_unless_one_is_given():
         args = parser.parse_args(argv)
         args.ctl(Client(), args)
         assert sent.pop().get("limit") == limit
+
+
+@pytest_twisted.ensureDeferred
+async def test_leases_and_routes_come_a_page_at_a_time_with_filters(crossbar):
+    for name in "abcde":
+        await crossbar.chat("convo", conversation(name))
+    code, out, _ = await ctl(crossbar, "leases", "--limit", "2", "--route", "convo")
+    *rows, footer = out.splitlines()[1:]
+    assert code == 0 and len(rows) == 2
+    assert footer.startswith("2 of 5; next page: --cursor ")
+    cursor = footer.split("--cursor ")[1].split()[0]
+    code, out, _ = await ctl(crossbar, "leases", "--limit", "2", "--cursor", cursor)
+    assert out.splitlines()[-1].startswith("2 of 5; next page")
+    code, out, _ = await ctl(crossbar, "leases", "--all", "--limit", "2")
+    assert out.splitlines()[-1] == "5 of 5 leases" and len(out.splitlines()) == 1 + 5 + 1
+    code, out, _ = await ctl(crossbar, "leases", "--host", "nowhere")
+    assert out.splitlines()[-1] == "0 of 0 leases"
+    code, out, _ = await ctl(crossbar, "routes", "--search", "onv", "--sort", "requests")
+    assert [line.split()[0] for line in out.splitlines()[1:-1]] == ["convo"]
+    assert out.splitlines()[-1] == "1 of 1 routes"

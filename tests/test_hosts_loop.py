@@ -2,38 +2,77 @@
 
 from __future__ import annotations
 
-from fake_hosts import ATLAS, HANG, TITAN, World, config, fired, run
+import pytest
+from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
 
 from crossbar.hosts import Hosts
 from crossbar.limiter import Limiter
+from crossbar.probe_schedule import SLOTS, phase
 from crossbar.service import probe_timer
 
 
-def test_the_timer_probes_at_once_and_then_every_health_interval():
-    w = World()
+def health_times(w: World, base: str) -> list[float]:
+    return [t for t, url in w.probed if url == base + "/health"]
+
+
+def watch(w: World) -> World:
+    """Record the clock time of every GET the hosts make, in `w.probed`."""
+    w.probed = []  # type: ignore[attr-defined]
+    inner = w.http.__call__
+
+    def timed(url: str, headers: object) -> object:
+        w.probed.append((w.clock.seconds(), url))  # type: ignore[attr-defined]
+        return inner(url, headers)  # type: ignore[arg-type]
+
+    w.hosts._get = timed  # type: ignore[assignment]
+    return w
+
+
+def test_each_host_is_probed_every_health_interval_at_its_own_phase():
+    w = watch(World())
     timer = w.timer()
-    timer.startService()
-    assert w.http.urls().count(TITAN + "/health") == 1
-    w.clock.pump([5, 5, 5])
-    assert w.http.urls().count(TITAN + "/health") == 4
+    timer.startService()  # the service ran a round of every host just before
+    w.clock.pump([0.05] * 300)  # 15 s
+    for name, base in (("titan", TITAN), ("atlas", ATLAS)):
+        first = 5 * phase(name)
+        assert health_times(w, base) == pytest.approx([first, first + 5, first + 10], abs=0.06)
+    assert phase("titan") * SLOTS == int(phase("titan") * SLOTS)  # one of SLOTS groups
     timer.stopService()
     w.clock.pump([5, 5])
-    assert w.http.urls().count(TITAN + "/health") == 4
+    assert len(health_times(w, TITAN) + health_times(w, ATLAS)) == 6  # stopped: no more
+
+
+def test_two_hundred_hosts_are_spread_over_the_interval_not_probed_in_one_burst():
+    hosts = {f"gpu{i:03}": {"url": f"http://gpu{i:03}:8080", "models": ["qwen"], "parallel": 1,
+                            "ctx": 4096} for i in range(200)}  # fmt: skip
+    w = World(hosts=hosts, health_interval="1s")
+    watch(w)
+    for name in hosts:
+        w.http.health(f"http://{name}:8080", 200)
+    timer = w.timer()
+    timer.startService()
+    w.clock.pump([0.01] * 300)  # three intervals
+    per_host = {name: 0 for name in hosts}
+    buckets: dict[int, int] = {}
+    for at, url in w.probed:
+        per_host[url.split("//")[1].split(":")[0]] += 1
+        buckets[int(at * 100)] = buckets.get(int(at * 100), 0) + 1
+    assert set(per_host.values()) == {3}  # each host once per interval
+    # In SLOTS groups per interval, never all 200 at once (as the rounds before did).
+    assert len(buckets) >= SLOTS * 3 * 0.9 and max(buckets.values()) <= 3 * 200 / SLOTS
+    timer.stopService()
 
 
 def test_the_first_round_can_be_waited_for_and_ends_within_health_timeout():
     # The service opens its proxy port only when this round is over.
     w = World()
     w.http.set(TITAN + "/health", HANG)
-    timer = w.timer()
-    timer.startService()
-    first = fired(w.hosts.probe_all())  # joins the round the timer started
+    first = fired(w.hosts.probe_all())
     assert w.http.urls().count(TITAN + "/health") == 1
     w.clock.advance(1)
     assert not first
     w.clock.advance(1)  # health_timeout
     assert first == [None]
-    timer.stopService()
 
 
 def test_a_round_never_overlaps_itself():
@@ -49,15 +88,17 @@ def test_a_round_never_overlaps_itself():
     assert len(w.http.calls) == 3
 
 
-def test_a_slow_round_delays_the_next_tick_instead_of_stacking():
-    w = World(health_interval="1s", health_timeout="3s")
+def test_a_slow_probe_delays_that_hosts_next_one_instead_of_stacking():
+    w = watch(World(health_interval="1s", health_timeout="3s"))
     w.http.set(TITAN + "/health", HANG)
     timer = w.timer()
     timer.startService()
-    w.clock.pump([1, 1])
-    assert w.http.urls().count(TITAN + "/health") == 1
-    w.clock.pump([1, 1])  # the round timed out at 3 s; the next starts after
-    assert w.http.urls().count(TITAN + "/health") == 2
+    w.clock.pump([0.1] * 80)
+    first = phase("titan")
+    # Hanging: each probe times out after 3 s and the next starts at once (never two at once).
+    assert health_times(w, TITAN) == pytest.approx([first, first + 3, first + 6], abs=0.25)
+    assert len(health_times(w, ATLAS)) == 8  # the others keep their pace
+    timer.stopService()
     w.hosts.stop()
 
 
@@ -73,23 +114,25 @@ def test_a_broken_probe_is_logged_and_counted_and_the_loop_goes_on():
     w.hosts = Hosts(config(unhealthy_after=1), w.clock, log=w.log.logger, get=broken)  # type: ignore[arg-type]
     w.timer().startService()
     w.clock.pump([5, 5])
-    assert calls == 6  # three rounds of two hosts: the timer did not stop
+    assert calls == 4  # two intervals of two hosts: the timer did not stop
     assert not w.hosts.healthy("titan")  # a probe that cannot be made is a failed probe
     w.hosts.stop()
 
 
-def test_an_error_inside_a_round_is_counted_and_the_loop_goes_on():
+def test_an_error_inside_a_probe_is_counted_and_the_loop_goes_on():
     w = World()
 
     async def bug(name: str, host: object) -> None:
         raise RuntimeError("bug")
 
     w.hosts._probe = bug  # type: ignore[method-assign]
-    w.timer().startService()
+    fired(w.hosts.probe_all())
     assert w.hosts.probe_errors == 1  # the first round ended, with its error
+    w.timer().startService()
     w.clock.pump([5, 5])
-    assert w.hosts.probe_errors == 3
+    assert w.hosts.probe_errors == 5
     assert any("health probe round failed" in t for t in w.log.texts)
+    assert any("health probe of titan failed" in t for t in w.log.texts)
     w.hosts.stop()
 
 
@@ -107,8 +150,6 @@ def test_a_listener_that_raises_is_logged_and_others_still_hear():
 def test_stop_abandons_probes_under_way():
     w = World()
     w.http.set(TITAN + "/health", HANG)
-    timer = w.timer()
-    timer.startService()
     first = fired(w.hosts.probe_all())
     w.hosts.stop()
     assert first == [None]
@@ -175,20 +216,19 @@ def test_a_probe_of_a_removed_host_is_cancelled_and_ignored():
 
 
 def test_a_new_health_interval_takes_effect_on_reload():
-    w = World()
+    w = watch(World())
     timer = w.timer()
     timer.startService()
-    run(timer.reconfigure(config(health_interval="1s")))  # a new period starts with a round
-    w.clock.pump([1, 1, 1])
-    assert w.http.urls().count(TITAN + "/health") == 5
-    run(timer.reconfigure(config(health_interval="1s")))  # unchanged: nothing restarts
-    assert w.http.urls().count(TITAN + "/health") == 5
+    timer.reconfigure(config(health_interval="1s"))  # each host starts again at its phase
+    w.clock.pump([0.05] * 60)  # 3 s
+    first = phase("titan")
+    assert health_times(w, TITAN) == pytest.approx([first, first + 1, first + 2], abs=0.06)
     timer.stopService()
 
 
 def test_the_timer_of_the_service_is_the_one_tested_here():
     w = World()
-    assert probe_timer(w.config, w.hosts, w.clock).step == 5.0
+    assert probe_timer(w.config, w.hosts, w.clock).interval == 5.0
 
 
 def test_discovered_slots_reach_the_limiter_through_a_listener():

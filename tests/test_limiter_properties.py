@@ -220,6 +220,12 @@ class LimiterMatchesTheModel(RuleBasedStateMachine):
 
 
 TestAcquireOnlyIsAFifoSemaphore = AcquireOnlyIsAFifoSemaphore.TestCase
-TestAcquireOnlyIsAFifoSemaphore.settings = settings(max_examples=200, stateful_step_count=60)
+# No wall-clock deadline: the machines run on a Clock, and a busy CI box (two cores, other
+# jobs) made an example take 605 ms once, which is load, not a finding.
+TestAcquireOnlyIsAFifoSemaphore.settings = settings(
+    max_examples=200, stateful_step_count=60, deadline=None
+)
 TestLimiterMatchesTheModel = LimiterMatchesTheModel.TestCase
-TestLimiterMatchesTheModel.settings = settings(max_examples=300, stateful_step_count=60)
+TestLimiterMatchesTheModel.settings = settings(
+    max_examples=300, stateful_step_count=60, deadline=None
+)

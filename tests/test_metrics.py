@@ -181,7 +181,9 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
         def pins(self):
             return {}
 
-    metrics = Metrics(config, Table(), FixedHosts(), limiter, guard)  # type: ignore[arg-type]
+    hosts = FixedHosts()
+    hosts.held.add("titan")  # it flapped: held out of new placements
+    metrics = Metrics(config, Table(), hosts, limiter, guard)  # type: ignore[arg-type]
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value
         for family in text_string_to_metric_families(metrics.render().decode())
@@ -191,6 +193,7 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
     assert samples[("crossbar_guard_exact_counts_total", ())] == 4
     assert samples[("crossbar_guard_refused_total", ())] == 2
     assert samples[("crossbar_probe_errors_total", ())] == 7
+    assert samples[("crossbar_host_held_down", (("host", "titan"),))] == 1
     assert samples[("crossbar_slots_admitted_total", pair)] == 2
     assert samples[("crossbar_queue_cancelled_total", pair)] == 1
     assert samples[("crossbar_queue_waited_seconds_total", pair)] == 3

@@ -7,6 +7,7 @@ from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock
 
 from crossbar.config import parse_config
+from crossbar.probe_schedule import ProbeSchedule
 from crossbar.service import make_service
 from crossbar.tap import Options, makeService
 
@@ -33,7 +34,7 @@ def test_the_proxy_port_opens_only_after_the_first_probe_round():
     service = make_service(parse_config(CONFIG), reactor, store=store)
     service.startService()
     # The first round probes titan, which never answers here...
-    assert [s.name for s in service] == ["probes"]
+    assert [s.name for s in service] == []
     assert [c[:2] for c in reactor.tcpClients] == [("127.0.0.1", 9)]
     assert listening(reactor) == [] and not service.ready.called
     reactor.advance(2)  # ...until health_timeout ends the round.
@@ -43,8 +44,10 @@ def test_the_proxy_port_opens_only_after_the_first_probe_round():
     assert [s.name for s in service] == [*timers, "proxy", "admin"]
     kinds = [type(s) for s in service]
     assert kinds[4:] == [StreamServerEndpointService] * 2
-    assert all(issubclass(k, TimerService) for k in kinds[:4])
-    assert [service.getServiceNamed(n).step for n in timers] == [5.0, 30.0, 0.25, 5.0]
+    assert kinds[0] is ProbeSchedule  # each host at its own phase of health_interval
+    assert all(issubclass(k, TimerService) for k in kinds[1:4])
+    assert service.getServiceNamed("probes").interval == 5.0
+    assert [service.getServiceNamed(n).step for n in timers[1:]] == [30.0, 0.25, 5.0]
     service.stopService()
     reactor.advance(0)
     assert store.closed
