@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint format venv clean demo demo-stop smoke browser real
+.PHONY: test lint format venv clean demo demo-stop smoke browser real agents
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -64,7 +64,21 @@ LLAMA_MODEL ?= $(wildcard $(REAL_GGUF))
 endif
 export LLAMA_SERVER LLAMA_MODEL
 
-test: lint browser $(TEST_NEEDS)
+# The real coding agents for tests/agents/ (Claude Code, Codex CLI, OpenCode, aider), pinned, in
+# AGENTS_CACHE: about 10 minutes the first time (npm's and PyPI's downloads), seconds after.
+# Never fatal outside CI: without an agent its test skips with the reason.
+AGENTS_CACHE ?= $(HOME)/.cache/crossbar-agents
+export AGENTS_CACHE
+
+agents:
+	@PY=$(PY) bash tests/agents/install.sh
+
+# The agents install while the real llama-server builds (both are mostly waiting), so a cold CI
+# pays for the longer of the two, not their sum.
+test: lint browser
+	@PY=$(PY) bash tests/agents/install.sh & agents=$$!; status=0; \
+	if [ -n "$(TEST_NEEDS)" ]; then $(MAKE) --no-print-directory $(TEST_NEEDS) || status=$$?; fi; \
+	wait $$agents || status=$$?; [ $$status = 0 ] || exit $$status; \
 	$(BIN)/python -m pytest -q -rs
 
 # Two fake llama-servers and crossbar (examples/demo.toml), driven by two short conversations,

@@ -1,7 +1,7 @@
-"""What request bodies say, shape by shape: conversation openings, prompt text, output limits.
+"""What request bodies say, shape by shape: conversation openings and prompt text.
 
 The dialects (dialects.py) pick among these per API; the fingerprint hashes an opening, the
-context guard counts prompt text and output limits. Text parts of a content array count by
+context guard weighs prompt text. Text parts of a content array count by
 their text; images and audio by a hash of their data (so a new upload is a new conversation).
 """
 
@@ -13,7 +13,6 @@ from typing import Any
 
 Message = dict[str, Any]
 _LEADING_ROLES = ("system", "developer")
-_OUTPUT_KEYS = ("max_tokens", "max_completion_tokens", "max_output_tokens", "n_predict")
 _PROMPT_KEYS = ("system", "instructions", "prompt", "input_prefix", "input_suffix", "input")
 
 
@@ -153,14 +152,3 @@ def prompt_chars(body: Any) -> int:
         except (TypeError, ValueError, RecursionError):
             pass  # a schema too odd to measure counts nothing; the host will say
     return total
-
-
-def requested_output(body: Any) -> int:
-    """Tokens the client asked to generate, when it said (`max_tokens`, `n_predict`...)."""
-    if not isinstance(body, dict):
-        return 0
-    for key in _OUTPUT_KEYS:
-        value = body.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return 0

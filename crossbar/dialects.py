@@ -55,7 +55,6 @@ class Dialect:
     opening: Callable[[Body], list[bodies.Message] | None] = bodies.no_opening
     raw_prompt: Callable[[Body], str | None] = bodies.no_prompt
     prompt_chars: Callable[[Any], int] = bodies.prompt_chars
-    output_limit: Callable[[Any], int] = bodies.requested_output
     # The remembered completion a call names: a control call's `id`, `previous_response_id`.
     named_id: Callable[[str, Body], str | None] = _never
     # (path, payload) of the host's exact prompt count, or None when the host has none.

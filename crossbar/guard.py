@@ -1,4 +1,11 @@
-"""The context guard (SPEC §7): refuse a prompt that cannot fit before it costs a prefill."""
+"""The context guard (SPEC §7): refuse a prompt that cannot fit a slot before it costs a prefill.
+
+crossbar is never stricter than llama-server. llama-server refuses a prompt only when the prompt
+itself does not fit the slot; a `max_tokens`/`n_predict` beyond the rest of the context is served
+and generation stops at the end of the context (Claude Code always asks for 32000). So the guard
+weighs the prompt alone, and refuses only on the host's exact count: a characters-times-ratio
+estimate can err either way, so it only ever decides to skip the count.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +16,11 @@ from attrs import define, field
 from crossbar.errors import bad_request
 
 # Until a model's ratio is learned. Real tokenizers give about 0.23-0.3 tokens a character for
-# English and more for code. Starting below that makes an unlearned estimate err low: a prompt
-# that fits is never refused on a guess; one that does not is caught by the exact count near the
-# limit, or by the host itself (which refuses it before any prefill).
+# English and more for code. Starting below that makes an unlearned estimate err low, so it
+# skips counting only prompts far from the limit; the ones it wrongly skips are still refused by
+# the host itself before any prefill.
 DEFAULT_TOKENS_PER_CHAR = 0.2
-BAND = 0.2  # within 20% of the limit, count exactly
+BAND = 0.2  # an estimate within 20% of the limit (or over it) is counted exactly
 _WEIGHT = 0.2  # of each new sample in the learned ratio
 
 
@@ -43,36 +50,32 @@ class ContextGuard:
         host: str,
         limit: int | None,
         chars: int,
-        output: int,
         count: Callable[[], Awaitable[int | None]],
     ) -> None:
-        """Raise 400 context_length_exceeded when a prompt of `chars` characters plus `output`
-        requested tokens cannot fit in `limit` tokens.
+        """Raise 400 context_length_exceeded when a prompt of `chars` characters, counted
+        exactly by the host, does not fit a slot of `limit` tokens (llama-server refuses a
+        prompt of `limit` tokens or more: `n_tokens >= n_ctx` in server-context.cpp).
 
-        `count` asks the host for an exact prompt count (None when it cannot); it is called
-        only when the estimate lands within BAND of the limit.
+        `count` asks the host for that exact count (None when it cannot: then the host decides
+        itself). It is skipped only when the estimate is well under the limit.
         """
         if not limit:
             return
-        estimate = round(chars * self.ratio(model)) + output
-        if estimate < (1 - BAND) * limit:
+        if chars * self.ratio(model) < (1 - BAND) * limit:
             return
-        if estimate > (1 + BAND) * limit:
-            self._refuse(estimate, output, limit, host, exact=False)
         self.exact_counts += 1
         exact = await count()
         if exact is None:
-            return  # the host will say so itself if it does not fit
+            return  # no count, no refusal: the host will say so itself if it does not fit
         self.learn(model, chars, exact)
-        if exact + output > limit:
-            self._refuse(exact + output, output, limit, host, exact=True)
+        if exact >= limit:  # llama-server's own rule: a prompt must leave room for one token
+            self._refuse(exact, limit, host)
 
-    def _refuse(self, total: int, output: int, limit: int, host: str, exact: bool) -> None:
+    def _refuse(self, tokens: int, limit: int, host: str) -> None:
         self.refused += 1
-        how = "" if exact else "about "
-        asked = f" ({output} of them requested for the reply)" if output else ""
         raise bad_request(
-            f"this request needs {how}{total} tokens{asked}, more than the {limit}-token "
-            f"context of a slot on host {host}: shorten the conversation or lower max_tokens",
+            f"this prompt needs {tokens} tokens, more than fit the {limit}-token context of a "
+            f"slot on host {host} (a prompt must leave room for one reply token): shorten the "
+            "conversation",
             code="context_length_exceeded",
         )

@@ -351,8 +351,7 @@ class ProxyResource(Resource):
             return await self._upstream.count_tokens(host_config, call.dialect, body)
 
         limit = self._hosts.ctx(host, call.model)
-        output = call.dialect.output_limit(body)
-        await self._guard.check(call.model, host, limit, ex.prompt_chars, output, count)
+        await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
 
     async def _slot(self, call: Call, host: str, ex: Exchange) -> Release:
         if call.kind is not Kind.INFERENCE:

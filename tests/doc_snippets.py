@@ -3,7 +3,7 @@
 A snippet is an indented code block. It is Python when it parses as Python and imports
 something (a Python snippet must run as pasted, so it starts from its imports), shell when its
 first command is one a reader would type (`crossbar`, `curl`, `make`, ...); anything else
-(config files, JSON, output, JavaScript) is not run. The line before a snippet (blank lines
+(config files, JSON, output, JavaScript) is not run, nor is a benchmark (`python bench/...`). The line before a snippet (blank lines
 aside) may say why it is not run here:
 
     <!-- snippet: not run: <why> -->
@@ -36,7 +36,7 @@ class Snippet:
     path: Path
     line: int
     text: str
-    kind: str  # "python", "shell" or "other"
+    kind: str  # "python", "shell", "bench" (a benchmark command: not run) or "other"
     skip: str  # "" to run; else why not
 
     @property
@@ -77,7 +77,10 @@ def _kind(text: str) -> str:
         tree = None
     if tree is not None and any(isinstance(n, ast.Import | ast.ImportFrom) for n in tree.body):
         return "python"
-    word = first.split()[0] if first.split() else ""
+    words = first.split()
+    word = words[0] if words else ""
+    if word.endswith("python") and len(words) > 1 and words[1].startswith("bench/"):
+        return "bench"  # minutes of CPU; docs/performance.md holds what it printed
     if word in SHELL_COMMANDS or word.startswith(".venv/bin/"):
         return "shell"
     return "other"

@@ -246,7 +246,7 @@ async def test_a_prompt_over_the_context_is_invalid_request_error_counted_by_the
     crossbar = await start_crossbar(await start_fakes("titan"), {"convo": ROUTES["convo"]}, ctx=64)
     try:
         # Near the limit by crossbar's estimate, so the host counts it exactly: over.
-        long = [{"role": "user", "content": "word " * 50}]
+        long = [{"role": "user", "content": "word " * 70}]
         error = await refused(send(sdk(crossbar, "convo"), messages=long))
         fake = crossbar.fakes["titan"]
         prompt = len(fake.chat_prompt(long))  # as the host counted it
@@ -255,9 +255,8 @@ async def test_a_prompt_over_the_context_is_invalid_request_error_counted_by_the
             anthropic.BadRequestError,
             400,
             "invalid_request_error",
-            f"this request needs {prompt + 8} tokens (8 of them requested for the reply), "
-            "more than the 64-token context of a slot on host titan: shorten the conversation "
-            "or lower max_tokens",
+            f"this prompt needs {prompt} tokens, more than fit the 64-token context of a slot on "
+            "host titan (a prompt must leave room for one reply token): shorten the conversation",
         )
         assert fake.counters.requests["/v1/messages/count_tokens"] == 1
         assert fake.counters.requests["/v1/messages"] == 0

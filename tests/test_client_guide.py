@@ -9,6 +9,7 @@ CLIENTS = {
     "Anthropic SDK and Claude Code": "ANTHROPIC_BASE_URL=http://crossbar:8080/r/convo",
     "OpenCode": '"baseURL": "http://crossbar:8080/r/convo/v1"',
     "Codex CLI": 'base_url = "http://crossbar:8080/r/convo/v1"',
+    "aider": "--openai-api-base http://crossbar:8080/r/convo/v1",
     "curl": "http://crossbar:8080/r/convo/v1/chat/completions",
     "A browser app": "cors_origins",
 }

@@ -89,7 +89,8 @@ async def test_without_a_limit_the_reply_has_reply_tokens_and_stops(fake):
 
 @pytest_twisted.ensureDeferred
 async def test_openai_streams_carry_the_id_in_every_chunk_and_usage_last_then_done(fake):
-    _, text = await post(fake, "/v1/chat/completions", {"messages": user("s"), "stream": True})
+    body = {"messages": user("s"), "stream": True, "stream_options": {"include_usage": True}}
+    _, text = await post(fake, "/v1/chat/completions", body)
     chunks = events(text)
     assert chunks[-1] == "[DONE]"
     ids = {c["id"] for c in chunks[:-1]}
@@ -98,6 +99,13 @@ async def test_openai_streams_carry_the_id_in_every_chunk_and_usage_last_then_do
     content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[1:-2])
     assert content == fake.reply(user("s"))
     assert chunks[-2]["choices"] == [] and chunks[-2]["usage"]["completion_tokens"] == 16
+    assert chunks[-2]["timings"]["predicted_n"] == 16
+
+    # Not asked for (llama-server's default): no usage chunk; the finish chunk has the timings.
+    _, text = await post(fake, "/v1/chat/completions", {"messages": user("s"), "stream": True})
+    chunks = events(text)
+    assert not any("usage" in c for c in chunks[:-1])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
     assert chunks[-2]["timings"]["predicted_n"] == 16
 
     _, text = await post(

@@ -50,6 +50,7 @@ def next_turn(history, reply_text, question):
 async def test_each_sse_event_reaches_the_client_before_the_next_is_generated(fakes):
     fake = await fakes(tokens_per_second=20)
     body = {"messages": user("Stream me."), "stream": True, "max_tokens": 5}
+    body["stream_options"] = {"include_usage": True}
     response = await wait(client().post(fake.url + "/v1/chat/completions", json=body))
     arrivals = Arrivals(fake)
     response.deliverBody(arrivals)
@@ -83,7 +84,8 @@ async def test_turn_two_reuses_turn_one_prompt_plus_reply(fakes):
 async def test_streamed_turn_two_reuses_the_streamed_reply_too(fakes):
     fake = await fakes()
     history = user("Stream a plan.")
-    _, text = await post(fake, "/v1/chat/completions", {"messages": history, "stream": True})
+    asked = {"messages": history, "stream": True, "stream_options": {"include_usage": True}}
+    _, text = await post(fake, "/v1/chat/completions", asked)
     chunks = events(text)
     reply = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks[1:-2])
     usage = chunks[-2]["usage"]

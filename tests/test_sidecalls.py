@@ -141,7 +141,7 @@ async def test_queue_false_forwards_at_once_while_a_queueing_route_waits():
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_context_guard_refuses_far_over_forwards_under_and_counts_near_the_limit():
+async def test_the_context_guard_counts_what_is_not_far_under_and_refuses_only_on_the_count():
     fakes = await start_fakes("titan", ctx=1000)
     crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["titan"]}}, ctx=1000)
     fake = fakes["titan"]
@@ -165,14 +165,14 @@ async def test_the_context_guard_refuses_far_over_forwards_under_and_counts_near
         assert far.code == 400 and error["code"] == "context_length_exceeded"
         assert "1000" in error["message"]
         assert fake.counters.requests[inference] == 0
-        assert fake.counters.requests[counting] == 0
+        assert fake.counters.requests[counting] == 1  # even far over, refused on a count
 
         under = sized(990)
         ok, _ = await post(
             crossbar, "convo", inference, {"model": MODEL, "messages": under, "max_tokens": 5}
         )
         assert ok.code == 200
-        assert fake.counters.requests[counting] == 1  # near the limit: counted exactly
+        assert fake.counters.requests[counting] == 2  # near the limit: counted exactly
         assert fake.counters.requests[inference] == 1
 
         over = sized(1000)
@@ -181,7 +181,7 @@ async def test_the_context_guard_refuses_far_over_forwards_under_and_counts_near
         )
         assert refused.code == 400
         assert json.loads(raw)["error"]["code"] == "context_length_exceeded"
-        assert fake.counters.requests[counting] == 2
+        assert fake.counters.requests[counting] == 3
         assert fake.counters.requests[inference] == 1  # never sent upstream
     finally:
         await crossbar.stop()

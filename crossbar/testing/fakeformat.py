@@ -35,6 +35,8 @@ class Job:
     slot: int = -1
     cache_n: int = 0  # prompt tokens the slot's cache held, known once the job has a slot
     item_id: str = ""  # Responses: the output message's id
+    include_usage: bool = False  # chat streams: `stream_options.include_usage`
+    tool_call: Any = None  # faketools.ToolCall: the reply is this call instead of text
     seq: int = field(default=0)  # Responses: sequence_number of the next event
 
 
@@ -122,10 +124,12 @@ class ChatFormat(Format):
         return [(self._chunk(job, [{"finish_reason": None, "index": 0, "delta": delta}]), None)]
 
     def end(self, job: Job, o: Outcome) -> list[Event]:
-        last = {"finish_reason": finish_reason(o), "index": 0, "delta": {}}
-        # Usage always comes, in a last chunk with no choices (stream_options honoured loosely).
-        tail = self._chunk(job, []) | {"usage": usage(job, o), "timings": timings(o)}
-        return [(self._chunk(job, [last]), None), (tail, None)]
+        last = self._chunk(job, [{"finish_reason": finish_reason(o), "index": 0, "delta": {}}])
+        chunks = [last]
+        if job.include_usage:  # asked for: a last chunk with no choices carries the usage
+            chunks.append(self._chunk(job, []) | {"usage": usage(job, o)})
+        chunks[-1]["timings"] = timings(o)  # llama-server times the last chunk either way
+        return [(chunk, None) for chunk in chunks]
 
     def body(self, job: Job, o: Outcome) -> dict[str, Any]:
         choice = {

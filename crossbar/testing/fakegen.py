@@ -16,7 +16,8 @@ from crossbar.testing.fakeanthropic import AnthropicFormat, anthropic_messages
 from crossbar.testing.fakeformat import FORMATS, Format, Job, Outcome
 from crossbar.testing.fakehttp import ApiError, bad_request, send_json, server_error, sse_event
 from crossbar.testing.fakestate import Completion
-from crossbar.testing.faketokens import render_chat, reply_pieces, responses_messages
+from crossbar.testing.faketokens import render_chat, reply_pieces, responses_messages, split_pieces
+from crossbar.testing.faketools import TOOL_FORMATS, planned_call
 
 if TYPE_CHECKING:
     from crossbar.testing.fakellama import FakeLlama
@@ -126,6 +127,13 @@ def parse_job(fake: FakeLlama, path: str, body: dict[str, Any]) -> Job:
             n_prompt_tokens=len(prompt),
             n_ctx=ctx,
         )
+    call = planned_call(kind, body) if kind in TOOL_FORMATS else None
+    eos = fake.config.eos_after
+    if call:  # the call is the whole reply, however long; EOS right after it
+        eos = len(split_pieces(call.arguments))
+        n_predict = n_predict if limited else eos
+    if eos is not None and n_predict > eos:
+        n_predict, limited = eos, False  # the model is done before its limit
     if n_predict > ctx - len(prompt):
         n_predict, limited = ctx - len(prompt), True  # the context fills up
     id_slot = body.get("id_slot", -1)
@@ -145,7 +153,14 @@ def parse_job(fake: FakeLlama, path: str, body: dict[str, Any]) -> Job:
         messages=messages,
         created=int(fake.reactor.seconds()),
         item_id="msg_" + secrets.token_hex(12),
+        include_usage=_include_usage(body),
+        tool_call=call,
     )
+
+
+def _include_usage(body: dict[str, Any]) -> bool:
+    options = body.get("stream_options")
+    return isinstance(options, dict) and options.get("include_usage") is True
 
 
 def _sleep(fake: FakeLlama, seconds: float) -> Deferred[None]:
@@ -265,7 +280,7 @@ async def _run(fake: FakeLlama, request: Request, job: Job) -> None:
     counters.prefill_tokens += claim.prompt_n
     counters.cached_tokens += claim.cache_n
     fake.running[job.id] = job.path
-    out = _Output(fake, request, job, _FORMATS[job.kind])
+    out = _Output(fake, request, job, (TOOL_FORMATS if job.tool_call else _FORMATS)[job.kind])
     kv = job.prompt[: claim.cache_n]  # what the slot's cache holds if we stop now
     pieces: list[str] = []
     outcome = "aborted"
@@ -278,7 +293,8 @@ async def _run(fake: FakeLlama, request: Request, job: Job) -> None:
         prefilled = fake.reactor.seconds()
         await out.begin()
         gap = 1 / config.tokens_per_second if config.tokens_per_second else 0
-        reply = reply_pieces(job.prompt)
+        call = job.tool_call
+        reply = iter(split_pieces(call.arguments)) if call else reply_pieces(job.prompt)
         for i in range(job.n_predict):
             # Every token costs a decode step (a reactor turn at least, so streams interleave
             # and each SSE event leaves on its own).

@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-slots", type=int, default=4, help="idle prompt caches kept (LRU)")
     p.add_argument("--load-delay", type=float, default=0, help="seconds of 503 Loading model")
     p.add_argument("--reply-tokens", type=int, default=16, help="reply length without max_tokens")
+    p.add_argument("--eos-after", type=int, metavar="N", help="end every reply after N tokens")
     router = p.add_argument_group("router mode (llama-server without -m: models loaded on demand)")
     router.add_argument("--router", action="store_true", help="serve the --model names as a router")
     router.add_argument("--loaded", action="append", default=[], metavar="NAME",
@@ -73,6 +74,7 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
         cache_slots=args.cache_slots,
         load_delay=args.load_delay,
         reply_tokens=args.reply_tokens,
+        eos_after=args.eos_after,
     )
     faults = Faults(
         refuse=args.refuse,

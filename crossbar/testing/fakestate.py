@@ -41,6 +41,9 @@ class FakeConfig:
     cache_slots: int = field(default=4, validator=_not_negative)  # idle caches kept (LRU)
     load_delay: float = field(default=0, validator=_not_negative)  # seconds of "Loading model"
     reply_tokens: int = field(default=16, validator=_not_negative)  # when no max_tokens
+    # A reply ends by itself (EOS, finish "stop") after this many tokens whatever max_tokens
+    # allows, as a real model's does; None: it runs to its limit (the tests' default).
+    eos_after: int | None = None
     # llama-server refuses `previous_response_id` (tools/server/server-chat.cpp); on, the fake
     # keeps responses instead, as OpenAI's own API and some routers do.
     keep_responses: bool = field(default=False, validator=_switch)

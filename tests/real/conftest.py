@@ -57,7 +57,8 @@ def _binaries() -> None:
 
 @pytest_twisted.async_yield_fixture
 async def launch(tmp_path: pathlib.Path):
-    """`await launch(ctx=4096, parallel=2, server={...}, route={...})`: two real llama-servers,
+    """`await launch(ctx=4096, parallel=2, server={...}, route={...}, llama_args=(...))`: two
+    real llama-servers,
     titan and atlas, and crossbar in front of them on one route, convo (`route` adds keys). Everything stops after the test;
     a server that died without the test killing it fails the teardown with its last lines."""
     started: list[tuple[Crossbar | None, Fleet]] = []
@@ -67,8 +68,9 @@ async def launch(tmp_path: pathlib.Path):
         parallel: int = 2,
         server: dict[str, Any] | None = None,
         route: dict[str, Any] | None = None,
+        llama_args: tuple[str, ...] = (),
     ) -> tuple[Crossbar, Fleet]:
-        args = server_args(ctx, parallel)
+        args = [*server_args(ctx, parallel), *llama_args]
         fleet = Fleet({name: Llama.start(name, tmp_path, args) for name in ("titan", "atlas")})
         started.append((None, fleet))
         await fleet.ready()
