@@ -5,6 +5,8 @@ would drop the connection or answer a bare 400.
   and a body must not pause longer than `body_timeout` between bytes: else 408 and close
   (`Site(timeout=)` is an idle timer reset by every byte, which a client trickling one byte
   every few seconds never trips).
+- Small writes go out at once (TCP_NODELAY, as nginx does): an answer's head and body are
+  separate writes, and Nagle would hold the second until the client's delayed ACK.
 - A request line or header line longer than Twisted's line limit: 414 or 431; more headers or
   header bytes than Twisted allows: 431; any other request Twisted cannot parse: 400. Each
   with crossbar's JSON error body, then the connection closes.
@@ -17,6 +19,7 @@ from typing import Any
 from twisted.internet.interfaces import IDelayedCall
 from twisted.web.http import HTTPChannel
 
+from crossbar.endpoints import no_delay
 from crossbar.errors import ClientError, phrase
 from crossbar.twisted_private import head_too_large
 
@@ -28,6 +31,10 @@ class ProxyChannel(HTTPChannel):
     _timer: IDelayedCall | None = None
     _head_lines = 0
     _refused = False
+
+    def connectionMade(self) -> None:
+        no_delay(self.transport)
+        super().connectionMade()
 
     def dataReceived(self, data: bytes) -> None:
         if self._phase == "idle" and data:

@@ -31,7 +31,7 @@ from twisted.logger import Logger
 
 from crossbar.journal import Journal, shielded
 from crossbar.lease_expiry import idle_batches
-from crossbar.lease_memory import LeaseMemory
+from crossbar.lease_memory import LeaseMemory, gc_paused
 from crossbar.lease_types import (
     Acquired,
     Change,
@@ -105,9 +105,8 @@ class Table(LeaseMemory):
         one, a journal whose retries wait for a clock nobody advances: tests and tools)."""
         journal = journal or Journal(store, Clock())
         table = cls(journal, hosts, chooser, idle)
-        for lease in await store.list_leases():
-            table._remember(lease, copy=False)  # fresh objects, nobody else holds them
-            table._seen.setdefault(lease.key.route, set()).add(lease.host)
+        with gc_paused():
+            table._load(await store.list_leases())
         return table
 
     @property
@@ -166,6 +165,10 @@ class Table(LeaseMemory):
     async def _locked(self, key: Key, fn: Callable[[], Awaitable[_T]]) -> _T:
         lock = self._locks.get(key)
         if lock is None:
+            # A conversation's next turn, no write due: nothing else runs for the key, no lock.
+            reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
+            if reused is not None:
+                return reused
             lock = self._locks[key] = DeferredLock()
         try:
             await lock.acquire()

@@ -59,17 +59,42 @@ class LeaseIndex:
             hosts.update(self._route_hosts.get((route, model), ()))
         return hosts
 
+    def fill(self, leases: list[Lease]) -> None:
+        """Hold `leases` (distinct keys) in an empty index: `put` for each, in bulk."""
+        assert not self._leases
+        self._leases = {lease.key: lease for lease in leases}
+        by_route = self._by_route
+        for key in self._leases:
+            keys = by_route.get(key.route)
+            if keys is None:
+                keys = by_route[key.route] = {}
+            keys[key] = None
+        self._per_host = Counter((lease.host, lease.key.model) for lease in leases)
+        triples = Counter((lease.key.route, lease.key.model, lease.host) for lease in leases)
+        for (route, model, host), n in triples.items():
+            hosts = self._route_hosts.get((route, model))
+            if hosts is None:
+                hosts = self._route_hosts[(route, model)] = Counter()
+            hosts[host] = n
+
     def put(self, lease: Lease) -> None:
         """Add `lease`, replacing any lease with its key."""
         key = lease.key
-        self.drop(key)
-        self._leases[key] = lease
-        self._by_route.setdefault(key.route, {})[key] = None
-        self._per_host[(lease.host, key.model)] += 1
-        hosts = self._route_hosts.get((key.route, key.model))
+        route, _, model = key
+        leases = self._leases
+        if key in leases:
+            self.drop(key)
+        leases[key] = lease
+        keys = self._by_route.get(route)
+        if keys is None:
+            keys = self._by_route[route] = {}
+        keys[key] = None
+        host = lease.host
+        self._per_host[(host, model)] += 1
+        hosts = self._route_hosts.get((route, model))
         if hosts is None:
-            hosts = self._route_hosts[(key.route, key.model)] = Counter()
-        hosts[lease.host] += 1
+            hosts = self._route_hosts[(route, model)] = Counter()
+        hosts[host] += 1
 
     def drop(self, key: Key) -> Lease | None:
         """Remove the lease with `key`, if any, and return it."""

@@ -9,13 +9,31 @@ it.
 
 from __future__ import annotations
 
+import gc
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 from attrs import evolve
 
 from crossbar.lease_index import LeaseIndex
-from crossbar.lease_types import Change, Key, Lease, State, pin_key
+from crossbar.lease_types import Acquired, Change, HostStates, Key, Lease, State, pin_key
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection while a table's leases are made, and the objects made so
+    far kept out of later collections: a million leases are millions of objects no cycle
+    holds, and each collection of the oldest generation would walk them all (about a third
+    of loading a million leases, and a pause on every full collection afterwards)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.freeze()
+        if was_enabled:
+            gc.enable()
 
 
 class LeaseMemory:
@@ -69,6 +87,30 @@ class LeaseMemory:
         """Hosts where any of `routes` holds a lease for `model` (the chooser's peers rule)."""
         return self._index.hosts_with_lease(routes, model)
 
+    def reused_at_once(
+        self,
+        key: Key,
+        candidates: tuple[str, ...],
+        now: float,
+        hosts: HostStates,
+        touch_every: float,
+    ) -> Acquired | None:
+        """The acquire rules 1 and 2 (Table._decide) where they decide with no write: the
+        key's lease is on the pinned host, or (no pin among the candidates) on a healthy
+        candidate, and its last_used needs no saving yet. Its in-memory last_used advances.
+        None: anything else, for the full decision."""
+        lease = self._index.get(key)
+        if lease is None or now - self._saved_use[key] > touch_every:
+            return None
+        host, pin = lease.host, self.pinned(key.route)
+        pinned = pin is not None and pin in candidates
+        if pinned and host != pin:
+            return None
+        if not hosts.healthy(host) or (not pinned and host not in candidates):
+            return None
+        lease.last_used = max(lease.last_used, now)
+        return Acquired(host, reused=True, pinned=pinned)
+
     def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
         """The config names these hosts for `route`: a pin to one of them is allowed even
         before any request of the route was seen."""
@@ -108,6 +150,21 @@ class LeaseMemory:
         for lease in leases:
             self._remember(lease)
             self._seen.setdefault(lease.key.route, set()).add(lease.host)
+
+    def _load(self, leases: list[Lease]) -> None:
+        """Hold the store's rows in an empty memory, in bulk (a million at a restart); the
+        objects are fresh, so they are kept as they are."""
+        index: list[Lease] = []
+        for lease in leases:
+            key = lease.key
+            if key.fp == "" and key.model == "" and lease.state is State.PINNED:
+                self._pins[key.route] = lease
+            else:
+                index.append(lease)
+        self._index.fill(index)
+        self._saved_use = {lease.key: lease.last_used for lease in index}
+        for route, host in {(lease.key.route, lease.host) for lease in leases}:
+            self._seen.setdefault(route, set()).add(host)
 
     def _take(self, key: Key, lease: Lease | None, change_id: int) -> None:
         if lease is None:

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from attrs import define, frozen
 
 from crossbar.records import LeaseEvent
 
 
-@frozen(cache_hash=True)  # hashed several times per acquire and per index update
-class Key:
-    """What a lease is for: a conversation (`fp`) of a route, for one model."""
+class Key(NamedTuple):
+    """What a lease is for: a conversation (`fp`) of a route, for one model.
+
+    A named tuple, not attrs: a key is hashed and compared several times per acquire and per
+    index update, and a tuple does both in C (a third of `Table.load`'s time went to an attrs
+    class's Python `__hash__`)."""
 
     route: str
     fp: str

@@ -15,21 +15,32 @@ log = Logger(namespace="crossbar.request")
 def log_request(row: UsageRow) -> None:
     """One line per request: route, host, model, status, lease kind, queue, TTFB, tokens."""
     ttfb = f"{row.ttfb_ms:.0f}" if row.ttfb_ms is not None else "-"
+    host, model, lease = row.host or "-", row.model or "-", row.lease or "-"
+    queue_ms = row.queue_ms or 0.0
+    error = f" error={row.error!r}" if row.error else ""
+    # Formatted here in one f-string: twisted.logger's own formatting of a dozen fields was
+    # most of the line's cost, a few percent of the proxy's CPU. The fields stay in the event
+    # for JSON observers.
+    line = (
+        f"{row.route} {row.path} -> {host} {model} {row.status} lease={lease} "
+        f"queue={queue_ms:.0f}ms ttfb={ttfb}ms "
+        f"tokens={row.prompt_tokens}/{row.cached_tokens}/{row.completion_tokens}{error}"
+    )
     log.info(
-        "{route} {path} -> {host} {model} {status} lease={lease} queue={queue_ms:.0f}ms "
-        "ttfb={ttfb}ms tokens={prompt}/{cached}/{completion}{error}",
+        "{line}",
+        line=line,
         route=row.route,
         path=row.path,
-        host=row.host or "-",
-        model=row.model or "-",
+        host=host,
+        model=model,
         status=row.status,
-        lease=row.lease or "-",
-        queue_ms=row.queue_ms or 0.0,
+        lease=lease,
+        queue_ms=queue_ms,
         ttfb=ttfb,
         prompt=row.prompt_tokens,
         cached=row.cached_tokens,
         completion=row.completion_tokens,
-        error=f" error={row.error!r}" if row.error else "",
+        error=error,
     )
 
 

@@ -171,6 +171,12 @@ class Meter:
                 else:
                     self._json += data
             return
+        if not self._partial and data.endswith(b"\n"):
+            # The usual chunk: whole events, nothing held over; no copy into _partial.
+            for line in data.split(b"\n"):
+                if line:
+                    self._line(line)
+            return
         self._partial += data
         if b"\n" not in data:
             if len(self._partial) > LINE_KEEP:

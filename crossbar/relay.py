@@ -11,7 +11,7 @@ from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTim
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
-from twisted.web.http import PotentialDataLoss
+from twisted.web.http import NO_BODY_CODES, PotentialDataLoss
 from twisted.web.iweb import IResponse
 from zope.interface import implementer
 
@@ -184,6 +184,12 @@ class Relay:
             request.responseHeaders.setRawHeaders(name, [value])
         ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
         self.stream = ctype.lower().startswith(b"text/event-stream")
+        length = response.length
+        if isinstance(length, int) and length > 0 and not self.stream:
+            if request.method != b"HEAD" and response.code not in NO_BODY_CODES:
+                # The host's length, kept: the body goes out as it came, not re-chunked (a
+                # stream never has one: a cut stream ends with an error event of crossbar's).
+                mine.setRawHeaders(b"content-length", [b"%d" % length])
         meter = self._meter = self._dialect.meter(self.stream, self._on_id)
         body = _Body(request, self._clock, self._idle_timeout, self._write_timeout, self._data)
         response.deliverBody(body)

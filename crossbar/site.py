@@ -122,6 +122,9 @@ class ProxySite(BoundedSite):
     protocol = ProxyChannel
 
     def __init__(self, resource: Any, config: Config, **kwargs: Any) -> None:
+        # Bodies go to the host as they came: Twisted's parsing of POST forms into `args` (the
+        # `email` package on every Content-Type, 6% of the proxy's CPU) is never needed.
+        kwargs.setdefault("parsePOSTFormSubmission", False)
         super().__init__(resource, config.server.max_body, **kwargs)
         self.reconfigure(config)
 

@@ -18,13 +18,10 @@ import treq
 from attrs import frozen
 from twisted.internet import error as ierror
 from twisted.internet.defer import CancelledError, Deferred, succeed
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import (
     Agent,
-    BrowserLikePolicyForHTTPS,
     RequestTransmissionFailed,
     ResponseFailed,
     ResponseNeverReceived,
@@ -35,6 +32,7 @@ from zope.interface import implementer
 
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.dialects import Dialect
+from crossbar.endpoints import CountingEndpoints, HostEndpoints
 from crossbar.twisted_private import RequestNotSent, not_http, quiet_pool
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
@@ -184,54 +182,6 @@ def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
     return None
 
 
-@implementer(IStreamClientEndpoint)
-class _Counted:
-    def __init__(self, inner: IStreamClientEndpoint, owner: _CountingEndpoints) -> None:
-        self._inner = inner
-        self._owner = owner
-
-    def connect(self, factory: Any) -> Deferred:
-        self._owner.connects += 1
-        return self._inner.connect(factory)
-
-
-@implementer(IAgentEndpointFactory)
-class _CountingEndpoints:
-    """Counts the connections opened: the pool opens one only when it has none to reuse, and
-    it asks synchronously, so a request that opened none went on a pooled connection."""
-
-    def __init__(self, inner: IAgentEndpointFactory) -> None:
-        self._inner = inner
-        self.connects = 0
-
-    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        return _Counted(self._inner.endpointForURI(uri), self)
-
-
-@implementer(IAgentEndpointFactory)
-class HostEndpoints:
-    """TCP (or TLS) endpoints per (scheme, host, port), made once each: building one
-    IDNA-encodes the host name, a few percent of the proxy's CPU when done per request."""
-
-    def __init__(self, reactor: Any, connect_timeout: float) -> None:
-        self._reactor = reactor
-        self._timeout = connect_timeout
-        self._cache: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
-        self._tls: BrowserLikePolicyForHTTPS | None = None
-
-    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        key = (uri.scheme, uri.host, uri.port)
-        endpoint = self._cache.get(key)
-        if endpoint is None:
-            host = uri.host.decode("ascii")
-            endpoint = HostnameEndpoint(self._reactor, host, uri.port, timeout=self._timeout)
-            if uri.scheme == b"https":
-                self._tls = self._tls or BrowserLikePolicyForHTTPS()
-                endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
-            self._cache[key] = endpoint
-        return endpoint
-
-
 @implementer(IBodyProducer)
 class _Bytes:
     """A body already in memory (bounded by max_body), written in one go."""
@@ -284,7 +234,7 @@ class Upstream:
         self._use(endpoints or HostEndpoints(reactor, connect_timeout))
 
     def _use(self, endpoints: IAgentEndpointFactory) -> None:
-        self._endpoints = _CountingEndpoints(endpoints)
+        self._endpoints = CountingEndpoints(endpoints)
         self._agent = Agent.usingEndpointFactory(self._reactor, self._endpoints, pool=self._pool)
         self._fresh = Agent.usingEndpointFactory(
             self._reactor, self._endpoints, pool=self._fresh_pool

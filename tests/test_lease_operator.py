@@ -227,6 +227,36 @@ async def test_a_table_loaded_from_the_same_file_returns_the_same_hosts(tmp_path
         await second.close()
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_loaded_table_counts_and_indexes_as_the_table_that_wrote_it(tmp_path):
+    """Table.load builds its indexes in bulk: they must say what the writing table's say."""
+    path = str(tmp_path / "crossbar.db")
+    first = await open_store(path)
+    table = await make_table(first)
+    await spread(table)
+    await table.acquire(Key("convo", "f4", "n"), ["b"], 1.0)
+    await table.pin("other", "b", 2.0)
+    await first.close()
+    second = await open_store(path)
+    try:
+        loaded = await make_table(second)
+        for host in AB:
+            for model in ("m", "n"):
+                assert loaded.count(host, model) == table.count(host, model)
+        for routes in (["convo"], ["other"], ["convo", "other"]):
+            for model in ("m", "n"):
+                assert loaded.hosts_with_lease(routes, model) == table.hosts_with_lease(
+                    routes, model
+                )
+        assert loaded.snapshot() == table.snapshot()
+        assert loaded.snapshot("convo") == table.snapshot("convo")
+        assert loaded.pins() == {"other": "b"}
+        await loaded.pin("convo", "b", 3.0)  # a host the route's leases were seen on
+        assert (loaded.count("a", "m"), loaded.count("b", "m")) == (0, 2)  # f1, f3 deleted
+    finally:
+        await second.close()
+
+
 def test_the_operators_changes_are_written_durably_and_requests_are_not():
     from lease_fakes import MemoryStore, make_table, run_now
 
