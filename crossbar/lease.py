@@ -20,16 +20,17 @@ and each instance follows the others' changes (follower.py, lease_memory.py).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from attrs import evolve
-from twisted.internet.defer import CancelledError, DeferredLock
+from twisted.internet.defer import CancelledError
 from twisted.internet.task import Clock, deferLater
 from twisted.logger import Logger
 
 from crossbar.journal import Journal, shielded
+from crossbar.key_locks import KeyLocks
 from crossbar.lease_expiry import idle_batches
 from crossbar.lease_memory import LeaseMemory, gc_paused
 from crossbar.lease_types import (
@@ -57,7 +58,6 @@ __all__ = ["Acquired", "Key", "Lease", "LeaseError", "NoHost", "PinnedDown", "St
 __all__ += ["UnknownHost", "pin_key"]
 
 _log = Logger()
-_T = TypeVar("_T")
 _RETRIES = 3  # decisions an acquire may lose to other instances before it stops catching
 
 
@@ -85,7 +85,7 @@ class Table(LeaseMemory):
         # the in-memory value, so at worst a restart (or another instance sharing the store)
         # expires a lease this much early.
         self._touch_every = min(60.0, idle / 100)
-        self._locks: dict[Key, DeferredLock] = {}
+        self._locks = KeyLocks()
         # Called with each event once its change takes effect: written, or kept in memory while
         # the store fails (metrics).
         self.listeners: list[Callable[[LeaseEvent], None]] = []
@@ -146,7 +146,12 @@ class Table(LeaseMemory):
         candidates = tuple(candidates)
         # Not lease state: a record that the route listed these hosts, whatever comes next.
         self._seen.setdefault(key.route, set()).update(candidates)
-        return await self._locked(key, lambda: self._acquire(key, candidates, now, peers))
+        if key not in self._locks:
+            # A conversation's next turn, no write due: nothing else runs for the key, no lock.
+            reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
+            if reused is not None:
+                return reused
+        return await self._locks.run(key, lambda: self._acquire(key, candidates, now, peers))
 
     async def move(self, key: Key, host: str, now: float, reason: str) -> bool:
         """Move `key`'s lease to `host` (a hand-off); False if gone, there, or lost."""
@@ -160,32 +165,7 @@ class Table(LeaseMemory):
                 return True
             return False
 
-        return await self._locked(key, moved)
-
-    async def _locked(self, key: Key, fn: Callable[[], Awaitable[_T]]) -> _T:
-        lock = self._locks.get(key)
-        if lock is None:
-            # A conversation's next turn, no write due: nothing else runs for the key, no lock.
-            reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
-            if reused is not None:
-                return reused
-            lock = self._locks[key] = DeferredLock()
-        try:
-            await lock.acquire()
-        except CancelledError:
-            self._forget_lock(key, lock)
-            raise
-        try:
-            return await fn()
-        finally:
-            lock.release()
-            self._forget_lock(key, lock)
-
-    def _forget_lock(self, key: Key, lock: DeferredLock) -> None:
-        # release() may already have run the next waiter to completion, and it may have
-        # dropped this lock and a newer caller made another: only drop our own, and only idle.
-        if self._locks.get(key) is lock and not lock.locked and not lock.waiting:
-            del self._locks[key]
+        return await self._locks.run(key, moved)
 
     async def _acquire(
         self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str]

@@ -242,7 +242,7 @@ def check(model: Model, table: Table, store: MemoryStore) -> None:
             assert table.hosts_with_lease([route], mdl) == {
                 h.host for k, h in model.leases.items() if k.route == route and k.model == mdl
             }
-    assert table._locks == {}
+    assert len(table._locks) == 0
 
 
 def event_tuple(e: LeaseEvent) -> tuple:
