@@ -104,3 +104,18 @@ async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
     # priority, weight, max in flight, max queued, in flight, queued
     assert cells[6:12] == ["0", "shared", "\u2013", "64", "2", "1"]  # an en dash: no cap
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dashboard_shows_an_evacuations_progress(crossbar, tmp_path):
+    await crossbar.chat("convo", conversation("a"))
+    await crossbar.chat("convo", conversation("b"))
+    code, _, _ = await crossbar.call("POST", "/api/hosts/titan/evacuate")
+    assert code == 200
+    await crossbar.parts.handoff.evacuator.evacuations["titan"].done
+    url = f"{crossbar.admin_url}/#token=dash-token"
+    dom = await wait(deferToThread(render, url, tmp_path / "profile"), 120)
+    hosts = element(dom, "hosts")
+    assert 'data-evacuation="done"' in hosts and "<progress" in hosts
+    assert "evacuated 1/1" in hosts
+    assert ">evacuate<" in hosts  # atlas may be evacuated next

@@ -90,15 +90,33 @@ function renderHosts(hosts) {
     h.models.forEach((m, i) => {
       rows.push(el("tr", { "data-host": h.name, "data-model": m.name },
         td(i ? "" : h.name), td(i ? "" : health),
-        td(i ? "" : (h.draining ? el("span", { class: "warn" }, "draining") : "no")),
+        td(i ? "" : draining(h)),
         td(m.name), td(slots(m), "num"), td(m.queued, "num"),
         td(waiting(m.queued_by_route), "waiting"), td(m.leases, "num"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
         td(i ? "" : (h.pinned_routes.join(", ") || "–")),
-        td(i ? "" : (h.reason || ""), "muted"), td(i ? "" : drain)));
+        td(i ? "" : (h.reason || ""), "muted"), td(i ? "" : drain), td(i ? "" : evacuate(h))));
     });
   }
   fill("hosts", ["host", "health", "draining", "model", "slots in use", "queue", "waiting (by route)",
-                 "leases", "ctx", "pinned routes", "reason", ""], rows, "no hosts configured");
+                 "leases", "ctx", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+}
+
+// "draining", or an evacuation's progress bar: conversations moved off the host so far.
+function draining(h) {
+  const e = h.evacuation;
+  if (!e) return h.draining ? el("span", { class: "warn" }, "draining") : "no";
+  const text = `${e.running ? "evacuating" : "evacuated"} ${e.moved}/${e.total}`;
+  const title = `${e.moved} of ${e.total} moved (${e.warm} warm), ${e.left} left` +
+    (e.failed ? `, ${e.failed} could not move` : "");
+  return el("span", { class: "warn", "data-evacuation": e.running ? "running" : "done", title },
+    el("progress", { max: String(e.total || 1), value: String(e.total ? e.moved : 1) }), " ", text);
+}
+
+function evacuate(h) {
+  if (h.evacuation && h.evacuation.running) return "";
+  const path = `/api/hosts/${encodeURIComponent(h.name)}/evacuate`;
+  const question = `Evacuate ${h.name}? It is drained and each of its conversations moves, prewarmed, to another host.`;
+  return el("button", { type: "button", onclick: () => act("POST", path, question) }, "evacuate");
 }
 
 // "1 / 2", or "1 / 2 of 4" when other instances sharing the store hold the rest.
