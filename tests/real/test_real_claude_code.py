@@ -1,14 +1,17 @@
 """Claude Code through crossbar in front of two real llama-servers, with crossbar's defaults.
 
-The issue's hosts: a 32768-token slot each (`-c 32768 -np 1`). Claude Code asks for 32000 reply
-tokens on a prompt of about 4k: crossbar passes that through (the guard weighs the prompt
-alone). The servers stop a reply after 200 tokens (`-n 200`, so the small model's rambling
-costs seconds, not an hour); a reply cut there ends with `max_tokens`, and Claude Code asks to
-go on (three times at most), each time with the whole conversation again, which is what the
-prompt cache is for: every request of the session on one host, and each after the first read
-at least 90% from that host's cache. The session succeeds when Claude Code exits 0, or gives
-up on a model that never stops with its own "exceeded the output token maximum" (the model's
-doing, not crossbar's).
+The issue's hosts: a 32768-token slot each (`-c 32768 -np 1`), and crossbar's default config,
+whose guard once refused every Claude Code request. Gemma 3 270M never ends a reply on its own
+and llama-server lets a request's `max_tokens` override its `-n` (server-context.cpp:
+`task.params.n_predict != -1 ? task.params.n_predict : params_base.n_predict`), so Claude Code's
+default 32000 would mean half an hour of rambling per turn on one CPU thread: the session caps
+its replies with Claude Code's own CLAUDE_CODE_MAX_OUTPUT_TOKENS (the 32000-token request on a
+32k slot is served in tests/test_guard_served.py). A reply cut at the cap ends with
+`max_tokens`, and Claude Code asks to go on (three times at most), each time with the whole
+conversation again, which is what the prompt cache is for: every request of the session on one
+host, and each after the first read at least 90% from that host's cache. The session succeeds
+when Claude Code exits 0, or gives up on a model that never stops with its own "exceeded the
+output token maximum" (the model's doing, not crossbar's).
 """
 
 import pytest
@@ -22,13 +25,14 @@ SLOT = 32_768
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_claude_code_session_runs_on_one_host_from_its_cache(launch, tmp_path):
+async def test_a_claude_code_session_runs_on_one_host_from_its_cache(launch, tmp_path, monkeypatch):
     claude = AGENTS["claude"]
     if (why := claude.missing()) is not None:
         if IN_CI:
             pytest.fail(f"CI=true and {why}", pytrace=False)
         pytest.skip(why)
-    crossbar, _ = await launch(ctx=SLOT, parallel=1, llama_args=("-n", "200"))
+    monkeypatch.setenv("CLAUDE_CODE_MAX_OUTPUT_TOKENS", "100")
+    crossbar, _ = await launch(ctx=SLOT, parallel=1)
     rows = []
     crossbar.parts.usage.observers.append(rows.append)
     work, home = tmp_path / "work", tmp_path / "home"
