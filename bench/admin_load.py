@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from overhead import MODEL, Reader, chat_body, cpu_seconds, one_request, percentile
+from measure import Reader, cpu_seconds, percentile
+from overhead import MODEL, chat_body, one_request
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 

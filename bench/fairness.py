@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from measure import percentile
 from treq.client import HTTPClient
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
@@ -93,15 +94,6 @@ class Route:
     wait_max_ms: float = 0.0
     waits: list[float] = field(default_factory=list, repr=False)
     first_error: str = ""
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank `q` percentile (0..100) of `values`; 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil
-    return ordered[int(rank) - 1]
 
 
 def keys(table: dict[str, Any]) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fleet_store import expiry, ms, probe_lag, store_burst
-from overhead import BytesProducer, Reader, cpu_seconds
+from measure import BytesProducer, Reader, cpu_seconds
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers

@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from overhead import percentile
+from measure import percentile
 from twisted.internet import defer, task
 
 

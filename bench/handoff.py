@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import treq
+from measure import percentile
 from treq.client import HTTPClient
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
@@ -82,15 +83,6 @@ class Scenario:
     moves: int = 0
     first_error: str = ""
     ttfts: list[float] = field(default_factory=list, repr=False)
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The nearest-rank `q` percentile (0..100) of `values`; 0 for none."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))  # ceil
-    return ordered[int(rank) - 1]
 
 
 def opening(n: int) -> str:
