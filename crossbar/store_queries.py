@@ -18,6 +18,7 @@ from attrs import frozen
 from twisted.enterprise.adbapi import Transaction
 
 from crossbar.backends import SQLITE, Backend
+from crossbar.settled import SettledRows
 
 _NAMES = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
 _RAW_SUMS = """COUNT(*) AS requests,
@@ -88,22 +89,41 @@ def _parts(
     return [p for p in parts if p.lo < p.hi], kept_from
 
 
-def _select(parts: list[Part], what: str, group: str) -> tuple[str, tuple]:
-    """One SELECT per part (`what` with {col}: its time column), all in a UNION ALL."""
-    selects, args = [], []
-    for p in parts:
-        where, bounds = [], []
-        if p.lo != -_INF:
-            where.append(f"{p.column} >= ?")
-            bounds.append(p.lo)
-        if p.hi != _INF:
-            where.append(f"{p.column} < ?")
-            bounds.append(p.hi)
-        clause = " WHERE " + " AND ".join(where) if where else ""
-        head = what.format(col=p.column)
-        selects.append(f"SELECT {head}, {p.sums} FROM {p.table}{clause} GROUP BY {group}")
-        args += bounds
-    return f"SELECT * FROM ({' UNION ALL '.join(selects)}) parts", tuple(args)
+def _select(part: Part, what: str, group: str) -> tuple[str, tuple]:
+    """The SELECT of one part (`what` with {col}: its time column), and its bounds."""
+    where, bounds = [], []
+    if part.lo != -_INF:
+        where.append(f"{part.column} >= ?")
+        bounds.append(part.lo)
+    if part.hi != _INF:
+        where.append(f"{part.column} < ?")
+        bounds.append(part.hi)
+    clause = " WHERE " + " AND ".join(where) if where else ""
+    head = what.format(col=part.column)
+    return f"SELECT {head}, {part.sums} FROM {part.table}{clause} GROUP BY {group}", tuple(bounds)
+
+
+def _fetch(
+    txn: Transaction,
+    backend: Backend,
+    settled: SettledRows | None,
+    parts: list[Part],
+    what: str,
+    group: str,
+    head: tuple = (),
+) -> list[tuple[Any, ...]]:
+    """The rows of every part (`head`: the arguments of `what`, before each part's bounds).
+    A part that ends before `rolled_until` has settled: its rows may come from `settled`."""
+    rows: list[tuple[Any, ...]] = []
+    for part in parts:
+        sql, bounds = _select(part, what, group)
+        sql, args = backend.sql(sql), (*head, *bounds)
+        if settled is not None and part.hi != _INF:
+            rows += settled.fetch(txn, sql, args)
+        else:
+            txn.execute(sql, args)
+            rows += txn.fetchall()
+    return rows
 
 
 Pick = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -116,14 +136,13 @@ def usage_totals_rows(
     since: float | None,
     percentiles: bool = True,
     pick: Pick | None = None,
+    settled: SettledRows | None = None,
 ) -> list[dict[str, Any]]:
     """Totals per `by` (a column name the caller checked: never client text), sorted by it;
     `pick` chooses some of them (a top ten) before the percentiles are read, for those only."""
     parts, kept_from = _parts(txn, since)
-    sql, args = _select(parts, by, by)
-    txn.execute(backend.sql(sql), args)
     totals: dict[str, list[int]] = {}
-    for key, *values in txn.fetchall():
+    for key, *values in _fetch(txn, backend, settled, parts, by, by):
         sums = totals.setdefault(key, [0] * len(_NAMES))
         for i, value in enumerate(values):
             sums[i] += int(value or 0)
@@ -168,7 +187,12 @@ OTHER = "(other)"  # the route of a series' points summing every route not in it
 
 
 def usage_series_rows(
-    txn: Transaction, backend: Backend, since: float, bucket: float, top: int | None = None
+    txn: Transaction,
+    backend: Backend,
+    since: float,
+    bucket: float,
+    top: int | None = None,
+    settled: SettledRows | None = None,
 ) -> list[dict[str, Any]]:
     """Requests and tokens per bucket (aligned to multiples of it) and route. With `top`: the
     `top` routes with the most tokens, and every other route summed per bucket as route
@@ -177,16 +201,16 @@ def usage_series_rows(
         "CAST({col} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({col} / ?) AS BIGINT)"
     )
     parts, _ = _parts(txn, since, minutes=bucket % 60 == 0, hours=bucket % 3600 == 0)
-    head, head_args = floor + " AS b, route", [bucket]
+    head, head_args = floor + " AS b, route", (bucket,)
     if top is not None:
-        keep = _top_routes(txn, backend, parts, top)
+        keep = _top_routes(_fetch(txn, backend, settled, parts, "route", "route"), top)
         marks = ", ".join("?" * len(keep)) or "NULL"
         head = floor + f" AS b, CASE WHEN route IN ({marks}) THEN route ELSE ? END AS route"
-        head_args = [bucket, *keep, OTHER]
-    sql, args = _select(parts, head, "1, 2")
-    txn.execute(backend.sql(sql), _with_head(parts, args, head_args))
+        head_args = (bucket, *keep, OTHER)
     points: dict[tuple[int, str], list[int]] = {}
-    for b, route, requests, _errors, prompt, cached, completion in txn.fetchall():
+    for b, route, requests, _errors, prompt, cached, completion in _fetch(
+        txn, backend, settled, parts, head, "1, 2", head_args
+    ):
         sums = points.setdefault((int(b), route), [0, 0, 0, 0])
         for i, value in enumerate((requests, prompt, cached, completion)):
             sums[i] += int(value or 0)
@@ -205,25 +229,13 @@ def usage_series_rows(
     ]
 
 
-def _top_routes(txn: Transaction, backend: Backend, parts: list[Part], top: int) -> list[str]:
-    """The `top` routes with the most prompt and completion tokens in `parts` (ties by name)."""
-    sql, args = _select(parts, "route", "route")
-    sql = (
-        "SELECT route, COALESCE(SUM(prompt_tokens), 0) + COALESCE(SUM(completion_tokens), 0) "
-        f"AS tokens FROM ({sql}) sums GROUP BY route ORDER BY tokens DESC, route LIMIT ?"
-    )
-    txn.execute(backend.sql(sql), (*args, top))
-    return [route for route, _ in txn.fetchall()]
-
-
-def _with_head(parts: list[Part], args: tuple, head: list[Any]) -> tuple:
-    """`args` of a _select with `head`'s arguments before each part's bounds."""
-    out, i = [], 0
-    for p in parts:
-        n = (p.lo != -_INF) + (p.hi != _INF)
-        out += [*head, *args[i : i + n]]
-        i += n
-    return tuple(out)
+def _top_routes(rows: list[tuple[Any, ...]], top: int) -> list[str]:
+    """The `top` routes with the most prompt and completion tokens in `rows` (route first,
+    then the sums; ties by name)."""
+    tokens: dict[str, int] = {}
+    for route, _requests, _errors, prompt, _cached, completion in rows:
+        tokens[route] = tokens.get(route, 0) + int(prompt or 0) + int(completion or 0)
+    return sorted(tokens, key=lambda r: (-tokens[r], r))[:top]
 
 
 def top_moves_rows(
