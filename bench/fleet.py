@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -264,6 +265,9 @@ async def burst(reactor: Any, args: argparse.Namespace) -> None:
                 for i in range(args.burst)
             ]
         )
+        fake = next(p for p in party.processes.started if p.name == "fake")
+        pids = {"crossbar": party.crossbar.pid, "fake": fake.pid, "client": os.getpid()}
+        cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
         started = reactor.seconds()
         calls = [
             defer.ensureDeferred(post_chat(ag, reactor, party, f"burst{i}"))
@@ -274,6 +278,10 @@ async def burst(reactor: Any, args: argparse.Namespace) -> None:
         bad = sum(1 for status, *_ in results if status != 200)
         print(f"{args.burst} new conversations at once: all done in {total * 1000:.0f} ms, "
               f"{ms([r[3] for r in results])}, {bad} not 200")  # fmt: skip
+        used = {name: cpu_seconds(pid) - cpu[name] for name, pid in pids.items()}
+        print("CPU during the burst: " + ", ".join(
+            f"{name} {seconds * 1000:.0f} ms ({seconds * 1e6 / args.burst:.0f} µs a request)"
+            for name, seconds in used.items()))  # fmt: skip
     finally:
         party.stop()
 
