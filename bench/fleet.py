@@ -5,7 +5,7 @@ conversations. Each scenario starts every party itself and prints its numbers.
     .venv/bin/python bench/fleet.py lag     [--duration 15]   # reactor gaps: rounds vs spread
     .venv/bin/python bench/fleet.py quiet   [--duration 10]   # log lines/s, 199 hosts down
     .venv/bin/python bench/fleet.py flap    [--duration 120]  # one host down 2 s / up 2 s
-    .venv/bin/python bench/fleet.py expiry  [--leases 100000] # sweep of idle leases, in process
+    .venv/bin/python bench/fleet.py expiry  [--leases 100000] [--batch N] # idle leases expire
     .venv/bin/python bench/fleet.py burst   [--burst 1000]    # new conversations at once
     .venv/bin/python bench/fleet.py store-burst [--burst 1000] # the same, store only
 
@@ -35,6 +35,7 @@ from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
+from crossbar.config import ServerConfig
 from crossbar.demo.launch import free_ports
 from crossbar.demo.processes import Processes, command, wait_for_line
 
@@ -317,6 +318,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--leases", type=int, default=100_000)
     parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--batch", type=int, default=ServerConfig().sweep_batch)  # expiry
     args = parser.parse_args()
     if args.scenario == "serve-health":
         task.react(lambda reactor: serve_health(reactor, args.n))

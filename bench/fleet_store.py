@@ -118,7 +118,7 @@ async def expiry(reactor: Any, args: argparse.Namespace) -> None:
         ticker = task.LoopingCall(tick)
         ticker.start(0.002)
         now = 1e6
-        sweep = table.expire_idle(now, 500) if batched else table.expire_idle(now)
+        sweep = table.expire_idle(now, args.batch) if batched else table.expire_idle(now)
         t0 = reactor.seconds()
         done = defer.ensureDeferred(sweep)
         w = defer.ensureDeferred(writer())
@@ -126,8 +126,9 @@ async def expiry(reactor: Any, args: argparse.Namespace) -> None:
         took = reactor.seconds() - t0
         await w
         ticker.stop()
+        how = f"batches of {args.batch}" if batched else "one transaction"
         print(f"{args.leases} idle leases expired ({expired}) in {took * 1000:.0f} ms "
-              f"({'batches of 500' if batched else 'one transaction'}): longest reactor stall "
+              f"({how}): longest reactor stall "
               f"{max(gaps) * 1000:.0f} ms; lease writes meanwhile {ms(waits)}")  # fmt: skip
     finally:
         await store.close()
