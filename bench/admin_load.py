@@ -1,17 +1,18 @@
 """Does the admin side stall the data path? Proxy latency with a fleet's lease table, alone and
-while a client fetches every admin endpoint the dashboard uses, back to back.
+while a client refreshes as the dashboard does, every 3 s and back to back.
 
     .venv/bin/python bench/admin_load.py [--leases 100000] [--routes 1000] [--usage-rows 100000]
-                                         [--duration 5] [--concurrency 4] [--json]
+                                         [--duration 5] [--concurrency 4] [--every 3] [--json]
 
 Writes a store (SQLite) holding `--leases` conversations over `--routes` template routes
 (`team-*`) and `--usage-rows` usage rows of the last hour, starts `crossbar-fakellama` and
 crossbar under twistd on it (crossbar loads the leases at start), then runs `--concurrency`
-chat workers against one route for `--duration` seconds twice: first alone, then while one
-admin client loops over the dashboard's requests (status, hosts, a page of routes and of
-leases, a filtered lease page that scans every lease, the top tables, the chart, events,
-instances) and /metrics. Prints the proxy's p50/p99 in both runs, the p99 rise, the admin
-requests done, and crossbar's RSS and CPU.
+chat workers against one route for `--duration` seconds three times: alone, then while an
+admin client refreshes as the dashboard does (status, hosts, a page of routes and of leases,
+a lease page filtered by host, the top tables, the chart, events, instances, and /metrics;
+every request of a refresh at once): first every `--every` seconds (the dashboard's 3 s),
+then back to back. Prints the proxy's p50/p99 in each run, the p99 rise, the admin requests
+done, and crossbar's RSS and CPU.
 """
 
 from __future__ import annotations
@@ -31,9 +32,11 @@ from overhead import MODEL, chat_body, one_request
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 
+from crossbar.backends import SQLITE
 from crossbar.demo.launch import free_ports, wait_ready
 from crossbar.demo.plan import DemoError, read_plan
 from crossbar.demo.processes import Processes, command, wait_for_line
+from crossbar.store_rollups import roll_up
 from crossbar.store_setup import migrate
 
 ROUTE = "bench"
@@ -42,7 +45,7 @@ DASHBOARD = [  # what one refresh of the dashboard asks, plus a Prometheus scrap
     "/api/hosts",
     "/api/routes?limit=20",
     "/api/leases?limit=50",
-    "/api/leases?limit=50&host=fake",  # a filter: every lease is scanned
+    "/api/leases?limit=50&host=fake",  # a filter
     "/api/events?limit=25",
     "/api/usage?by=route&since=3600s&sort=requests&limit=10",
     "/api/usage?by=route&since=3600s&sort=cache_hit_ratio&limit=10",
@@ -79,7 +82,8 @@ default_model = "{model}"
 
 
 def fill_store(db: Path, leases: int, routes: int, usage_rows: int) -> None:
-    """The store crossbar starts on: the fleet's leases and an hour of usage, written by SQL."""
+    """The store crossbar starts on: the fleet's leases and an hour of usage, written by SQL,
+    summed per minute up to five minutes ago."""
     conn = sqlite3.connect(db, isolation_level=None)
     migrate(conn)
     now = time.time()
@@ -97,6 +101,11 @@ def fill_store(db: Path, leases: int, routes: int, usage_rows: int) -> None:
         "'/v1/chat/completions', 200, 0, 1000, i % 1000, 50, 20 + i % 30, 200 FROM n",
         (usage_rows, now, routes, MODEL),
     )
+    conn.execute("COMMIT")
+    # As the sweep of a crossbar that has been running would have: the minutes older than
+    # ROLLUP_LAG summed (raw rows are kept usage_raw_retention, 48 h).
+    while not roll_up(conn.cursor(), SQLITE, now, raw_before=now - 48 * 3600).caught_up:
+        conn.execute("COMMIT")
     conn.execute("COMMIT")
     conn.close()
 
@@ -131,51 +140,72 @@ async def proxy_run(reactor: Any, url: str, concurrency: int, duration: float) -
     }
 
 
-async def admin_loop(reactor: Any, base: str, stop: list[bool], done: dict[str, Any]) -> None:
-    """Fetch every dashboard request in turn until `stop[0]`; count them and their bytes."""
-    agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=True))
+async def admin_loop(
+    reactor: Any, base: str, every: float, stop: list[bool], done: dict[str, Any]
+) -> None:
+    """Refresh as the dashboard does until `stop[0]`: every request of a refresh at once (six
+    connections, as a browser), the next refresh `every` seconds after the last began (at
+    once when 0: back to back); count requests and bytes, note the slowest."""
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = 6
+    agent = Agent(reactor, pool=pool)
+
+    async def fetch(path: str) -> None:
+        started = reactor.seconds()
+        response = await agent.request(b"GET", (base + path).encode())
+        reader = Reader(reactor)
+        response.deliverBody(reader)
+        body = await reader.done
+        if response.code != 200:
+            raise RuntimeError(f"{path}: HTTP {response.code} {body[:200]!r}")
+        done["requests"] += 1
+        done["bytes"] += len(body)
+        took = (reactor.seconds() - started) * 1000
+        done["slowest_ms"] = max(done["slowest_ms"], took)
+        per = done.setdefault("slowest_by_path_ms", {})
+        per[path] = round(max(per.get(path, 0.0), took), 1)
+
     while not stop[0]:
-        for path in DASHBOARD:
-            started = reactor.seconds()
-            response = await agent.request(b"GET", (base + path).encode())
-            reader = Reader(reactor)
-            response.deliverBody(reader)
-            body = await reader.done
-            if response.code != 200:
-                raise RuntimeError(f"{path}: HTTP {response.code} {body[:200]!r}")
-            done["requests"] += 1
-            done["bytes"] += len(body)
-            took = (reactor.seconds() - started) * 1000
-            done["slowest_ms"] = max(done["slowest_ms"], took)
-            per = done.setdefault("slowest_by_path_ms", {})
-            per[path] = round(max(per.get(path, 0.0), took), 1)
+        began = reactor.seconds()
+        await defer.gatherResults([defer.ensureDeferred(fetch(p)) for p in DASHBOARD])
+        done["refreshes"] += 1
+        wait = began + every - reactor.seconds()
+        if wait > 0 and not stop[0]:
+            await task.deferLater(reactor, wait, lambda: None)
+    await pool.closeCachedConnections()
 
 
 async def measure(reactor: Any, args: argparse.Namespace, urls: dict[str, str], pid: int) -> dict:
-    """The two runs, and crossbar's memory and CPU."""
+    """The proxy alone, beside a dashboard refreshing every `--every` s, and beside one
+    refreshing back to back; crossbar's memory and CPU in each."""
     await proxy_run(reactor, urls["proxy"], args.concurrency, 1.0)  # warm up
-    cpu0 = cpu_seconds(pid)
+    cpu = [cpu_seconds(pid)]
     alone = await proxy_run(reactor, urls["proxy"], args.concurrency, args.duration)
-    cpu1 = cpu_seconds(pid)
-    stop, admin = [False], {"requests": 0, "bytes": 0, "slowest_ms": 0.0}
-    loop = defer.ensureDeferred(admin_loop(reactor, urls["admin"], stop, admin))
-    loaded = await proxy_run(reactor, urls["proxy"], args.concurrency, args.duration)
-    cpu2 = cpu_seconds(pid)
-    stop[0] = True
-    await loop
-    rss = _rss_mib(pid)
+    cpu.append(cpu_seconds(pid))
+    runs: dict[str, Any] = {}
+    for name, every in (("dashboard", args.every), ("back_to_back", 0.0)):
+        stop, admin = [False], {"requests": 0, "refreshes": 0, "bytes": 0, "slowest_ms": 0.0}
+        loop = defer.ensureDeferred(admin_loop(reactor, urls["admin"], every, stop, admin))
+        loaded = await proxy_run(reactor, urls["proxy"], args.concurrency, args.duration)
+        cpu.append(cpu_seconds(pid))
+        stop[0] = True
+        await loop
+        loaded["p99_rise_ms"] = loaded["p99_ms"] - alone["p99_ms"]
+        loaded["admin"] = admin
+        runs[name] = loaded
     return {
         "leases": args.leases,
         "routes": args.routes,
         "usage_rows": args.usage_rows,
+        "every_s": args.every,
         "alone": alone,
-        "with_admin": loaded,
-        "p99_rise_ms": loaded["p99_ms"] - alone["p99_ms"],
-        "admin": admin,
-        "crossbar_rss_mib": rss,
+        **runs,
+        "crossbar_rss_mib": _rss_mib(pid),
         "crossbar_cpu_pct": {
-            "alone": 100 * (cpu1 - cpu0) / args.duration,
-            "with_admin": 100 * (cpu2 - cpu1) / args.duration,
+            name: 100 * (b - a) / args.duration
+            for name, a, b in zip(
+                ("alone", "dashboard", "back_to_back"), cpu[:-1], cpu[1:], strict=True
+            )
         },
     }
 
@@ -195,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--usage-rows", type=int, default=100_000)
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     p.add_argument("--concurrency", type=int, default=4, help="chat workers")
+    p.add_argument("--every", type=float, default=3.0, help="seconds between refreshes")
     p.add_argument("--json", action="store_true", help="print JSON instead of lines")
     args = p.parse_args(argv)
     work = Path(tempfile.mkdtemp(prefix="crossbar-admin-load-"))
@@ -238,18 +269,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        a, w = report["alone"], report["with_admin"]
         print(f"{args.leases:,} leases over {args.routes:,} routes, {args.usage_rows:,} usage rows")
-        print(f"proxy alone:      p50 {a['p50_ms']:.2f} ms  p99 {a['p99_ms']:.2f} ms  "
-              f"({a['requests']} requests, {a['errors']} errors)")  # fmt: skip
-        print(f"with admin loop:  p50 {w['p50_ms']:.2f} ms  p99 {w['p99_ms']:.2f} ms  "
-              f"({w['requests']} requests, {w['errors']} errors)")  # fmt: skip
-        print(f"p99 rise: {report['p99_rise_ms']:.2f} ms; admin requests: "
-              f"{report['admin']['requests']} ({report['admin']['bytes'] / 1e6:.1f} MB, "
-              f"slowest {report['admin']['slowest_ms']:.0f} ms)")  # fmt: skip
         cpu = report["crossbar_cpu_pct"]
-        print(f"crossbar: RSS {report['crossbar_rss_mib']:.0f} MiB, CPU {cpu['alone']:.0f}% "
-              f"alone, {cpu['with_admin']:.0f}% with the admin loop")  # fmt: skip
+        for name in ("alone", "dashboard", "back_to_back"):
+            r = report[name]
+            print(f"{name:13s} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+                  f"({r['requests']} requests, {r['errors']} errors; crossbar CPU "
+                  f"{cpu[name]:.0f}%)")  # fmt: skip
+            if name != "alone":
+                a = r["admin"]
+                print(f"{'':13s} p99 rise {r['p99_rise_ms']:.2f} ms; {a['refreshes']} refreshes, "
+                      f"{a['requests']} admin requests ({a['bytes'] / 1e6:.1f} MB, slowest "
+                      f"{a['slowest_ms']:.0f} ms)")  # fmt: skip
+        print(f"crossbar RSS {report['crossbar_rss_mib']:.0f} MiB")
     return status
 
 

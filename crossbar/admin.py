@@ -7,6 +7,7 @@ operator's actions are admin_actions.py's; who may call it: `crossbar.admin_auth
 
 from __future__ import annotations
 
+from functools import partial
 from importlib import resources
 from typing import Any
 
@@ -22,9 +23,9 @@ from crossbar.admin_views import (
     USAGE_SORTS,
     host_rows,
     lease_row,
+    route_facts,
     route_rows,
     since_arg,
-    top_series,
     top_usage,
     usage_series_args,
 )
@@ -81,17 +82,11 @@ class Admin(AdminActions):
             raise bad_request(f"sort: must be one of {', '.join(ROUTE_SORTS)}, not {sort!r}")
         since = since_arg(arg(request, "since"), self.now(), default=self.now() - 86400)
         usage = await self._store.usage_totals("route", since, percentiles=False)
-        rows = route_rows(self.config, self._table, usage, self._limiter)
-        page = route_page(
-            rows,
-            arg(request, "route"),
-            arg(request, "host"),
-            arg(request, "model"),
-            sort,
-            arg(request, "cursor"),
-            limit,
-        )
-        return {"routes": page.rows, "total": page.total, "next": page.next, "since": since}
+        facts = route_facts(self.config, self._table, usage, self._limiter)
+        where = (arg(request, name) for name in ("route", "host", "model"))
+        page = route_page(self.config, facts, *where, sort, arg(request, "cursor"), limit)
+        rows = route_rows(self.config, facts, page.rows)
+        return {"routes": rows, "total": page.total, "next": page.next, "since": since}
 
     @app.route("/api/hosts", methods=["GET"])
     @api
@@ -128,11 +123,9 @@ class Admin(AdminActions):
             raise bad_request(f"sort: must be one of {by}, {', '.join(USAGE_SORTS)}, not {sort!r}")
         limit = limit_arg(request, MAX_ROUTES, default=1) if arg(request, "limit") else None
         since = since_arg(arg(request, "since"), self.now())
-        rows = await self._store.usage_totals(by, since)
-        for row in rows:
-            prompt = row["prompt_tokens"] or 0
-            row["cache_hit_ratio"] = (row["cached_tokens"] or 0) / prompt if prompt else None
-        rows = top_usage(rows, sort, limit) if sort != by or limit else rows
+        rows = await self._store.usage_totals(
+            by, since, pick=partial(top_usage, sort=sort, limit=limit)
+        )
         return {"by": by, "since": since, "usage": rows}
 
     @app.route("/api/moves", methods=["GET"])
@@ -150,9 +143,8 @@ class Admin(AdminActions):
         """GET /api/usage/series?since=&bucket=&top=: tokens per bucket and route (the chart);
         with `top`, that many routes and the rest as "(other)"."""
         since, bucket = usage_series_args(arg(request, "since"), arg(request, "bucket"), self.now())
-        series = await self._store.usage_series(since, bucket)
-        if arg(request, "top"):
-            series = top_series(series, limit_arg(request, MAX_ROUTES, default=1, name="top"))
+        top = limit_arg(request, MAX_ROUTES, default=1, name="top") if arg(request, "top") else None
+        series = await self._store.usage_series(since, bucket, top)
         return {"since": since, "bucket": bucket, "now": self.now(), "series": series}
 
     # -- the service

@@ -1,30 +1,39 @@
 """Paged, filtered answers of the admin API (`/api/leases`, `/api/routes`), built without
 stalling the proxy.
 
-A page of 100 leases out of 100,000 is chosen by scanning every key, so the scan runs in
-chunks of CHUNK keys and gives the reactor back between chunks (a zero-delay call on the
-injected clock): a proxy request waits at most one chunk, never the whole scan. Pages are in
-key order (route, fp, model); the cursor is the last key of the page given, so the next page
-starts after it even when leases came and went meanwhile.
+A page of 100 leases out of 100,000 reads the routes it starts in, in order, and counts the
+total from the lease table's counters. What must scan many keys (a fingerprint search, a route
+of many thousand leases, a filter few leases match) runs in chunks of CHUNK keys and gives the
+reactor back between chunks (a zero-delay call on the injected clock): a proxy request waits
+at most one chunk, never the whole scan. Pages are in key order (route, fp, model); the cursor
+is the last key of the page given, so the next page starts after it even when leases came and
+went meanwhile.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import heapq
 import json
 import re
+from bisect import bisect_left
 from collections.abc import Callable
 from operator import attrgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
+from crossbar.config import Config
 from crossbar.errors import bad_request
 from crossbar.lease import Lease, Table
 from crossbar.lease_types import Key
+from crossbar.route import Route
+
+if TYPE_CHECKING:
+    from crossbar.admin_views import RouteFacts
 
 _sort_key = attrgetter("route", "fp", "model")  # a Key as a tuple, in C
 CHUNK = 1000  # keys scanned per turn of the reactor (1-2 ms on a busy 2-core VM)
@@ -89,39 +98,86 @@ def _is_key(value: Any) -> bool:
 async def lease_page(
     table: Table, clock: IReactorTime, where: LeaseFilter, cursor: str | None, limit: int
 ) -> Page:
-    """The first `limit` leases matching `where` after `cursor`, in key order."""
+    """The first `limit` leases matching `where` after `cursor`, in key order. Without a
+    fingerprint search the total comes from the table's counters and the page from the routes
+    it starts in (the routes in order, each route's keys sorted): a page of a 100,000-lease
+    table reads a route or two, not the table. A fingerprint search scans every key."""
     after = decode_cursor(cursor, _is_key)
     start: LeaseSortKey | None = tuple(after) if after is not None else None  # type: ignore[assignment]
-    keys = table.keys(where.route)
+    if where.fp is not None:
+        page = await _scanned_page(table, clock, where, start, limit)
+        return Page(_leases(table, page.rows), page.total, page.next)
+    total = table.count_where(where.route, where.host, where.model)
+    routes = [where.route] if where.route is not None else table.routes()
+    if start is not None:
+        routes = routes[bisect_left(routes, start[0]) :]
+    found: list[LeaseSortKey] = []
+    read = 0
+    for route in routes if total else ():
+        if read >= CHUNK:
+            await breathe(clock)
+            read = 0
+        keys = table.keys(route)
+        read += len(keys)
+        if len(keys) > CHUNK:  # a big route: its own scan, in chunks
+            need = limit + 1 - len(found)
+            found += (await _scanned_page(table, clock, where, start, need, keys)).rows
+        else:
+            found += sorted(_matching(table, keys, where, start))[: limit + 1 - len(found)]
+        if len(found) > limit:
+            break
+    rows = _leases(table, found[:limit])
+    more = len(found) > limit
+    return Page(rows, total, encode_cursor(list(found[limit - 1])) if more else None)
+
+
+def _matching(
+    table: Table, keys: list[Key], where: LeaseFilter, start: LeaseSortKey | None
+) -> list[LeaseSortKey]:
+    """The sort keys of `keys` after `start` whose leases match `where`."""
+    if where.host is None and where.model is None and where.fp is None:
+        return [k for k in map(_sort_key, keys) if start is None or k > start]
+    out = []
+    for key in keys:
+        lease = table.lease(key)
+        if lease is None or not where.matches(lease):
+            continue  # gone while we gave the reactor back, or filtered out
+        k = _sort_key(key)
+        if start is None or k > start:
+            out.append(k)
+    return out
+
+
+def _leases(table: Table, keys: list[LeaseSortKey]) -> list[Lease]:
+    """The leases still held under `keys`."""
+    leases = (table.lease(Key(*k)) for k in keys)
+    return [lease for lease in leases if lease is not None]
+
+
+async def _scanned_page(
+    table: Table,
+    clock: IReactorTime,
+    where: LeaseFilter,
+    start: LeaseSortKey | None,
+    limit: int,
+    keys: list[Key] | None = None,
+) -> Page:
+    """A page chosen by scanning every key (of `where.route`, or `keys`) in chunks, a reactor
+    turn between them; its rows are sort keys, its total counts every match."""
+    if keys is None:
+        keys = table.keys(where.route)
     best: list[LeaseSortKey] = []
-    plain = where.host is None and where.model is None and where.fp is None
-    total = len(keys) if plain else 0
-    later = 0
-    step = CHUNK * 4 if plain else CHUNK  # no lease to read per key: four times as many
-    for i in range(0, len(keys), step):
+    total = later = 0
+    for i in range(0, len(keys), CHUNK):
         if i:
             await breathe(clock)
-        if plain:  # every key counts: only the order is asked
-            found = [k for k in map(_sort_key, keys[i : i + step]) if start is None or k > start]
-        else:
-            found = []
-            for key in keys[i : i + step]:
-                lease = table.lease(key)
-                if lease is None or not where.matches(lease):
-                    continue  # gone while we gave the reactor back, or filtered out
-                total += 1
-                k = _sort_key(key)
-                if start is None or k > start:
-                    found.append(k)
+        matched = _matching(table, keys[i : i + CHUNK], where, None)
+        total += len(matched)
+        found = [k for k in matched if start is None or k > start]
         later += len(found)
         best = heapq.nsmallest(limit, best + found)
-    rows = []
-    for route, fp, model in best:
-        lease = table.lease(Key(route, fp, model))
-        if lease is not None:
-            rows.append(lease)
     more = later > limit
-    return Page(rows, total, encode_cursor(list(best[-1])) if more and best else None)
+    return Page(best, total, encode_cursor(list(best[-1])) if more and best else None)
 
 
 # -- routes
@@ -130,8 +186,10 @@ async def lease_page(
 ROUTE_SORTS = ("name", "requests", "leases")
 
 
+@functools.lru_cache(maxsize=65536)
 def natural(name: str) -> tuple[Any, ...]:
-    """A sort key putting team-2 before team-10."""
+    """A sort key putting team-2 before team-10 (remembered: a thousand routes are sorted on
+    every refresh of the dashboard)."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
@@ -140,7 +198,8 @@ def _is_offset(value: Any) -> bool:
 
 
 def route_page(
-    rows: list[dict[str, Any]],
+    config: Config,
+    facts: RouteFacts,
     search: str | None,
     host: str | None,
     model: str | None,
@@ -148,19 +207,28 @@ def route_page(
     cursor: str | None,
     limit: int,
 ) -> Page:
-    """Route rows filtered (`search`: part of the name; `host`: one of its hosts or holding
-    leases there; `model`: its default model), sorted (`name`: configured routes first in
-    config order, then the others in natural order; `requests`, `leases`: most first), paged."""
+    """The names of a page of routes, filtered (`search`: part of the name; `host`: one of
+    its hosts or holding leases there; `model`: its default model), sorted (`name`: configured
+    routes first in config order, then the others in natural order; `requests`, `leases`: most
+    first). Only a host or model filter looks up every route's config."""
     offset = decode_cursor(cursor, _is_offset) or 0
-    picked = [
-        r
-        for r in rows
-        if (search is None or search in r["name"])
-        and (host is None or host in r["hosts"] or host in r["leases_by_host"])
-        and (model is None or r["default_model"] == model)
-    ]
-    if sort != "name":
-        picked.sort(key=lambda r: (-(r[sort] or 0), natural(r["name"])))
+    picked = [n for n in facts.names if search is None or search in n]
+    if host is not None or model is not None:
+        picked = [n for n in picked if _route_matches(config.route(n), facts, n, host, model)]
+    if sort == "requests":
+        picked.sort(key=lambda n: (-facts.requests.get(n, 0), natural(n)))
+    elif sort == "leases":
+        picked.sort(key=lambda n: (-facts.leases(n), natural(n)))
     page = picked[offset : offset + limit]
     more = offset + limit < len(picked)
     return Page(page, len(picked), encode_cursor(offset + limit) if more else None)
+
+
+def _route_matches(
+    route: Route | None, facts: RouteFacts, name: str, host: str | None, model: str | None
+) -> bool:
+    hosts = route.hosts if route is not None else ()
+    default = route.default_model if route is not None else ""
+    return (host is None or host in hosts or host in facts.by_host.get(name, {})) and (
+        model is None or default == model
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from attrs import frozen
+
 from crossbar.admin_pages import natural
 from crossbar.config import Config
 from crossbar.errors import bad_request
@@ -19,8 +21,12 @@ USAGE_SORTS = ("requests", "errors", "cache_hit_ratio")
 
 
 def top_usage(rows: list[dict[str, Any]], sort: str, limit: int | None) -> list[dict[str, Any]]:
-    """Usage rows sorted by `sort` (requests, errors: most first; cache_hit_ratio: worst
-    first, groups without prompt tokens last), the first `limit` of them."""
+    """Usage rows with their cache_hit_ratio, sorted by `sort` (requests, errors: most first;
+    cache_hit_ratio: worst first, groups without prompt tokens last), the first `limit` of
+    them (all without a limit; in the rows' order for any other `sort`)."""
+    for row in rows:
+        prompt = row["prompt_tokens"] or 0
+        row["cache_hit_ratio"] = (row["cached_tokens"] or 0) / prompt if prompt else None
     if sort == "cache_hit_ratio":
         rows = sorted(rows, key=lambda r: (r[sort] is None, r[sort] or 0.0))
     elif sort in USAGE_SORTS:
@@ -42,33 +48,28 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
     }
 
 
-def top_series(series: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
-    """The points of the `top` routes with the most tokens; every other route's summed per
-    bucket as route "(other)", so a chart of a thousand routes stays a few lines."""
-    tokens: dict[str, int] = {}
-    for p in series:
-        tokens[p["route"]] = tokens.get(p["route"], 0) + p["prompt_tokens"] + p["completion_tokens"]
-    keep = set(sorted(tokens, key=lambda r: (-tokens[r], r))[:top])
-    out = [p for p in series if p["route"] in keep]
-    other: dict[float, dict[str, Any]] = {}
-    for p in series:
-        if p["route"] not in keep:
-            o = other.setdefault(p["at"], {**p, "route": "(other)"} | dict.fromkeys(_SUMS, 0))
-            for name in _SUMS:
-                o[name] += p[name]
-    return out + sorted(other.values(), key=lambda p: p["at"])
+@frozen
+class RouteFacts:
+    """What every route's place in a page needs, gathered once per answer: the routes in
+    order (configured ones in config order, then the rest in natural order), their leases per
+    host, requests, pins and limiter state."""
+
+    names: list[str]
+    by_host: dict[str, dict[str, int]]
+    requests: dict[str, int]
+    pins: dict[str, str]
+    active: dict[str, RouteState]
+
+    def leases(self, name: str) -> int:
+        return sum(self.by_host.get(name, {}).values())
 
 
-_SUMS = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
-
-
-def route_rows(
+def route_facts(
     config: Config, table: Table, usage: list[dict[str, Any]], limiter: Limiter
-) -> list[dict[str, Any]]:
-    """The concrete routes (config order), then every other route seen (in natural order:
-    team-2 before team-10): a route from a template, or one the config no longer serves, that
-    holds leases, a pin, usage, or requests in the limiter. Lease counts come from the table's
-    counters, so this costs per route, not per lease."""
+) -> RouteFacts:
+    """The concrete routes, then every other route seen: a route from a template, or one the
+    config no longer serves, that holds leases, a pin, usage, or requests in the limiter.
+    Lease counts come from the table's counters, so this costs per route, not per lease."""
     by_host = table.leases_by_route()
     pins = table.pins()
     requests = {row["route"]: row["requests"] for row in usage}
@@ -76,9 +77,15 @@ def route_rows(
     seen = set(by_host) | set(pins) | set(requests)
     seen |= {name for name in active if name}  # "": requests that named no route
     names = list(config.routes) + sorted(seen - set(config.routes), key=natural)
+    return RouteFacts(names, by_host, requests, pins, active)
+
+
+def route_rows(config: Config, facts: RouteFacts, names: list[str]) -> list[dict[str, Any]]:
+    """The rows of the routes `names` (a page): config, pin, leases, requests, queue share."""
     rows = []
     for name in names:
         route = config.route(name)
+        by_host = facts.by_host.get(name, {})
         rows.append(
             {
                 "name": name,
@@ -91,11 +98,11 @@ def route_rows(
                 "queue": route.queue if route is not None else None,
                 "peers": list(route.peers) if route is not None else [],
                 "auth": bool(route.keys) if route is not None else False,
-                "pinned": pins.get(name),
-                "leases": sum(by_host.get(name, {}).values()),
-                "leases_by_host": dict(sorted(by_host.get(name, {}).items())),
-                "requests": requests.get(name, 0),
-                **_sharing(config, route, active.get(name)),
+                "pinned": facts.pins.get(name),
+                "leases": sum(by_host.values()),
+                "leases_by_host": dict(sorted(by_host.items())),
+                "requests": facts.requests.get(name, 0),
+                **_sharing(config, route, facts.active.get(name)),
             }
         )
     return rows

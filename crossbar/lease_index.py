@@ -23,6 +23,7 @@ class LeaseIndex:
         self._by_route: dict[str, dict[Key, None]] = {}  # dict as an ordered set
         self._per_host: Counter[tuple[str, str]] = Counter()  # (host, model) -> leases
         self._route_hosts: dict[tuple[str, str], Counter[str]] = {}  # (route, model) -> hosts
+        self._routes: list[str] | None = None  # sorted route names, until a route comes or goes
 
     def __len__(self) -> int:
         return len(self._leases)
@@ -40,6 +41,33 @@ class LeaseIndex:
         if route is None:
             return list(self._leases)
         return list(self._by_route.get(route, ()))
+
+    def routes(self) -> list[str]:
+        """The routes holding leases, sorted (the list is kept until a route comes or goes:
+        do not change it)."""
+        if self._routes is None:
+            self._routes = sorted(self._by_route)
+        return self._routes
+
+    def count_where(self, route: str | None, host: str | None, model: str | None) -> int:
+        """Leases of `route` on `host` for `model` (None: any), from the counters: no scan."""
+        if route is None:
+            if host is None and model is None:
+                return len(self._leases)
+            return sum(
+                n
+                for (h, m), n in self._per_host.items()
+                if (host is None or h == host) and (model is None or m == model)
+            )
+        if host is None and model is None:
+            return len(self._by_route.get(route, ()))
+        models = {model} if model is not None else {m for _, m in self._per_host}
+        total = 0
+        for m in models:
+            hosts = self._route_hosts.get((route, m))
+            if hosts:
+                total += hosts.get(host, 0) if host is not None else sum(hosts.values())
+        return total
 
     def route_hosts(self) -> dict[str, dict[str, int]]:
         """route -> host -> leases, summed over the route's models."""
@@ -69,6 +97,7 @@ class LeaseIndex:
             if keys is None:
                 keys = by_route[key.route] = {}
             keys[key] = None
+        self._routes = None
         self._per_host = Counter((lease.host, lease.key.model) for lease in leases)
         triples = Counter((lease.key.route, lease.key.model, lease.host) for lease in leases)
         for (route, model, host), n in triples.items():
@@ -88,6 +117,7 @@ class LeaseIndex:
         keys = self._by_route.get(route)
         if keys is None:
             keys = self._by_route[route] = {}
+            self._routes = None
         keys[key] = None
         host = lease.host
         self._per_host[(host, model)] += 1
@@ -105,6 +135,7 @@ class LeaseIndex:
         del keys[key]
         if not keys:
             del self._by_route[key.route]
+            self._routes = None
         _decrement(self._per_host, (lease.host, key.model))
         hosts = self._route_hosts[(key.route, key.model)]
         _decrement(hosts, lease.host)

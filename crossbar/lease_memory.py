@@ -71,6 +71,14 @@ class LeaseMemory:
         """The keys of the leases (of `route`, or all), unsorted: a cheap copy to page over."""
         return self._index.keys(route)
 
+    def routes(self) -> list[str]:
+        """The routes holding leases, sorted (a shared list: do not change it)."""
+        return self._index.routes()
+
+    def count_where(self, route: str | None, host: str | None, model: str | None) -> int:
+        """Leases of `route` on `host` for `model` (None: any), counted without a scan."""
+        return self._index.count_where(route, host, model)
+
     def lease(self, key: Key) -> Lease | None:
         """The lease held under `key` (not a copy: read it, never change it), or None."""
         return self._index.get(key)

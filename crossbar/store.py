@@ -23,8 +23,9 @@ from twisted.internet.threads import deferToThreadPool
 from crossbar.backends import SQLITE, Backend, backend_for, redact
 from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
+from crossbar.settled import SettledRows
 from crossbar.store_batch import GroupCommit, write_group
-from crossbar.store_queries import top_moves_rows, usage_series_rows, usage_totals_rows
+from crossbar.store_queries import Pick, top_moves_rows, usage_series_rows, usage_totals_rows
 from crossbar.store_rollups import RolledUp, roll_up
 from crossbar.store_setup import StoreError, check, diagnose, init_connection, migrate, shut
 from crossbar.store_writes import ChangeRow, read_changes, write_draining
@@ -78,6 +79,7 @@ class Store:
         self.db = db
         self.path = redact(db)  # what may be shown: no password
         self.instance = instance  # who writes: the change log says so
+        self.settled = SettledRows()  # report rows over settled usage, between refreshes
         self._closed = False
 
     @classmethod
@@ -208,22 +210,31 @@ class Store:
         await self.group.usage([_usage_values(row) for row in rows])
 
     async def usage_totals(
-        self, by: str, since: float | None = None, percentiles: bool = True
+        self,
+        by: str,
+        since: float | None = None,
+        percentiles: bool = True,
+        pick: Pick | None = None,
     ) -> list[dict[str, Any]]:
         """Totals per route, host or model (`by`), sorted by it: requests, errors (status >= 400
         or an error), tokens, and the nearest-rank p50/p95 time to first byte over the raw rows
-        (None when no request of the group measured one, or `percentiles` is false)."""
+        (None when no request of the group measured one, or `percentiles` is false). `pick`
+        (run in the store's thread) keeps some rows, a top ten, before percentiles are read."""
         if by not in USAGE_GROUPS:
             raise ValueError(f"usage_totals: by must be one of {USAGE_GROUPS}, not {by!r}")
-        args = (self._backend, by, since, percentiles)
+        args = (self._backend, by, since, percentiles, pick, self.settled)
         return await self._read("summing usage", usage_totals_rows, *args)
 
-    async def usage_series(self, since: float, bucket: float) -> list[dict[str, Any]]:
+    async def usage_series(
+        self, since: float, bucket: float, top: int | None = None
+    ) -> list[dict[str, Any]]:
         """Per `bucket` seconds (aligned to multiples of it) and route, from `since` on:
-        requests and tokens, oldest bucket first. For the dashboard's chart."""
+        requests and tokens, oldest bucket first. For the dashboard's chart; with `top`, the
+        `top` routes with the most tokens and the rest summed as route "(other)"."""
         if bucket <= 0:
             raise ValueError(f"usage_series: bucket must be positive, not {bucket!r}")
-        return await self._read("charting usage", usage_series_rows, self._backend, since, bucket)
+        args = (self._backend, since, bucket, top, self.settled)
+        return await self._read("charting usage", usage_series_rows, *args)
 
     async def top_moves(self, since: float, limit: int) -> list[dict[str, Any]]:
         """The conversations moved between hosts most often since `since`, most first."""
@@ -232,7 +243,10 @@ class Store:
     async def roll_up(self, now: float, raw_before: float) -> RolledUp:
         """Sum whole minutes of usage rows into per-minute and per-hour rows (an hour's worth
         at most), then delete the raw rows before `raw_before` that are summed."""
-        return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
+        try:
+            return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
+        finally:
+            self.settled.clear()
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 
@@ -262,9 +276,12 @@ class Store:
     ) -> tuple[int, int]:
         """Delete events, usage rows and change-log rows older than the given times (and
         instances silent for a day); returns (events, usage rows) deleted."""
-        return await self._run(
-            "pruning", _prune, self._backend, events_before, usage_before, changes_before
-        )
+        try:
+            return await self._run(
+                "pruning", _prune, self._backend, events_before, usage_before, changes_before
+            )
+        finally:
+            self.settled.clear()
 
 
 # -- in the pool's thread ------------------------------------------------------------------

@@ -11,18 +11,22 @@ index: usage (at), and the sums' primary keys, which start with their minute or 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from attrs import frozen
 from twisted.enterprise.adbapi import Transaction
 
 from crossbar.backends import SQLITE, Backend
+from crossbar.settled import SettledRows
 
 _NAMES = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
-_RAW_SUMS = """COUNT(*), SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END),
-               SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)"""
-_SUMS = """SUM(requests), SUM(errors), SUM(prompt_tokens), SUM(cached_tokens),
-           SUM(completion_tokens)"""
+_RAW_SUMS = """COUNT(*) AS requests,
+               SUM(CASE WHEN status >= 400 OR error <> '' THEN 1 ELSE 0 END) AS errors,
+               SUM(prompt_tokens) AS prompt_tokens, SUM(cached_tokens) AS cached_tokens,
+               SUM(completion_tokens) AS completion_tokens"""
+_SUMS = """SUM(requests) AS requests, SUM(errors) AS errors, SUM(prompt_tokens) AS prompt_tokens,
+           SUM(cached_tokens) AS cached_tokens, SUM(completion_tokens) AS completion_tokens"""
 _INF = float("inf")
 PERCENTILE_SAMPLE = 10_000  # the latest raw rows of a window the TTFB percentiles read
 
@@ -85,59 +89,88 @@ def _parts(
     return [p for p in parts if p.lo < p.hi], kept_from
 
 
-def _select(parts: list[Part], what: str, group: str) -> tuple[str, tuple]:
-    """One SELECT per part (`what` with {col}: its time column), all in a UNION ALL."""
-    selects, args = [], []
-    for p in parts:
-        where, bounds = [], []
-        if p.lo != -_INF:
-            where.append(f"{p.column} >= ?")
-            bounds.append(p.lo)
-        if p.hi != _INF:
-            where.append(f"{p.column} < ?")
-            bounds.append(p.hi)
-        clause = " WHERE " + " AND ".join(where) if where else ""
-        head = what.format(col=p.column)
-        selects.append(f"SELECT {head}, {p.sums} FROM {p.table}{clause} GROUP BY {group}")
-        args += bounds
-    return f"SELECT * FROM ({' UNION ALL '.join(selects)}) parts", tuple(args)
+def _select(part: Part, what: str, group: str) -> tuple[str, tuple]:
+    """The SELECT of one part (`what` with {col}: its time column), and its bounds."""
+    where, bounds = [], []
+    if part.lo != -_INF:
+        where.append(f"{part.column} >= ?")
+        bounds.append(part.lo)
+    if part.hi != _INF:
+        where.append(f"{part.column} < ?")
+        bounds.append(part.hi)
+    clause = " WHERE " + " AND ".join(where) if where else ""
+    head = what.format(col=part.column)
+    return f"SELECT {head}, {part.sums} FROM {part.table}{clause} GROUP BY {group}", tuple(bounds)
+
+
+def _fetch(
+    txn: Transaction,
+    backend: Backend,
+    settled: SettledRows | None,
+    parts: list[Part],
+    what: str,
+    group: str,
+    head: tuple = (),
+) -> list[tuple[Any, ...]]:
+    """The rows of every part (`head`: the arguments of `what`, before each part's bounds).
+    A part that ends before `rolled_until` has settled: its rows may come from `settled`."""
+    rows: list[tuple[Any, ...]] = []
+    for part in parts:
+        sql, bounds = _select(part, what, group)
+        sql, args = backend.sql(sql), (*head, *bounds)
+        if settled is not None and part.hi != _INF:
+            rows += settled.fetch(txn, sql, args)
+        else:
+            txn.execute(sql, args)
+            rows += txn.fetchall()
+    return rows
+
+
+Pick = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 
 
 def usage_totals_rows(
-    txn: Transaction, backend: Backend, by: str, since: float | None, percentiles: bool = True
+    txn: Transaction,
+    backend: Backend,
+    by: str,
+    since: float | None,
+    percentiles: bool = True,
+    pick: Pick | None = None,
+    settled: SettledRows | None = None,
 ) -> list[dict[str, Any]]:
-    """Totals per `by` (a column name the caller checked: never client text)."""
+    """Totals per `by` (a column name the caller checked: never client text), sorted by it;
+    `pick` chooses some of them (a top ten) before the percentiles are read, for those only."""
     parts, kept_from = _parts(txn, since)
-    sql, args = _select(parts, by, by)
-    txn.execute(backend.sql(sql), args)
     totals: dict[str, list[int]] = {}
-    for key, *values in txn.fetchall():
+    for key, *values in _fetch(txn, backend, settled, parts, by, by):
         sums = totals.setdefault(key, [0] * len(_NAMES))
         for i, value in enumerate(values):
             sums[i] += int(value or 0)
-    pct = _percentiles(txn, backend, by, kept_from) if percentiles else {}
-    return [
-        {
-            by: key,
-            **dict(zip(_NAMES, totals[key], strict=True)),
-            "ttfb_p50_ms": pct.get(key, (None, None))[0],
-            "ttfb_p95_ms": pct.get(key, (None, None))[1],
-        }
-        for key in sorted(totals)
-    ]
+    rows = [{by: key, **dict(zip(_NAMES, totals[key], strict=True))} for key in sorted(totals)]
+    if pick is not None:
+        rows = pick(rows)
+    keys = [row[by] for row in rows] if len(rows) < len(totals) else None
+    pct = _percentiles(txn, backend, by, kept_from, keys) if percentiles and rows else {}
+    for row in rows:
+        row["ttfb_p50_ms"], row["ttfb_p95_ms"] = pct.get(row[by], (None, None))
+    return rows
 
 
 def _percentiles(
-    txn: Transaction, backend: Backend, by: str, since: float
+    txn: Transaction, backend: Backend, by: str, since: float, keys: list[str] | None
 ) -> dict[str, tuple[float | None, float | None]]:
-    """Nearest-rank p50 and p95 of the time to first byte per `by`, over the window's latest
-    PERCENTILE_SAMPLE raw rows (all of them in a quieter window): read newest first on the
-    `at` index, so a busy day costs as much as a quiet hour."""
+    """Nearest-rank p50 and p95 of the time to first byte per `by` (of `keys` only, unless
+    None), over the window's latest PERCENTILE_SAMPLE raw rows (all of them in a quieter
+    window): read newest first on the `at` index, so a busy day costs as much as a quiet hour."""
     where, args = ("", ()) if since == -_INF else (" AND at >= ?", (since,))
-    sql = (
+    sample = (
         f"SELECT {by}, ttfb_ms FROM usage WHERE ttfb_ms IS NOT NULL{where} ORDER BY at DESC LIMIT ?"
     )
-    txn.execute(backend.sql(sql), (*args, PERCENTILE_SAMPLE))
+    sql, args = sample, (*args, PERCENTILE_SAMPLE)
+    if keys is not None:  # the same sample; only the rows of `keys` come back to Python
+        sql = f"SELECT * FROM ({sample}) sample WHERE {by} IN ({', '.join('?' * len(keys))})"
+        args = (*args, *keys)
+    txn.execute(backend.sql(sql), args)
     groups: dict[str, list[float]] = {}
     for key, value in txn.fetchall():
         groups.setdefault(key, []).append(float(value))
@@ -150,23 +183,38 @@ def _percentiles(
     return out
 
 
+OTHER = "(other)"  # the route of a series' points summing every route not in its top
+
+
 def usage_series_rows(
-    txn: Transaction, backend: Backend, since: float, bucket: float
+    txn: Transaction,
+    backend: Backend,
+    since: float,
+    bucket: float,
+    top: int | None = None,
+    settled: SettledRows | None = None,
 ) -> list[dict[str, Any]]:
-    """Requests and tokens per bucket (aligned to multiples of it) and route."""
+    """Requests and tokens per bucket (aligned to multiples of it) and route. With `top`: the
+    `top` routes with the most tokens, and every other route summed per bucket as route
+    "(other)" (last), so a chart of a thousand routes is a few lines and a few hundred rows."""
     floor = (
         "CAST({col} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({col} / ?) AS BIGINT)"
     )
     parts, _ = _parts(txn, since, minutes=bucket % 60 == 0, hours=bucket % 3600 == 0)
-    sql, args = _select(parts, floor + " AS b, route", "b, route")
-    # Each part's SELECT takes the bucket first, then its bounds.
-    args = _with_bucket(parts, args, bucket)
-    txn.execute(backend.sql(sql), args)
+    head, head_args = floor + " AS b, route", (bucket,)
+    if top is not None:
+        keep = _top_routes(_fetch(txn, backend, settled, parts, "route", "route"), top)
+        marks = ", ".join("?" * len(keep)) or "NULL"
+        head = floor + f" AS b, CASE WHEN route IN ({marks}) THEN route ELSE ? END AS route"
+        head_args = (bucket, *keep, OTHER)
     points: dict[tuple[int, str], list[int]] = {}
-    for b, route, requests, _errors, prompt, cached, completion in txn.fetchall():
+    for b, route, requests, _errors, prompt, cached, completion in _fetch(
+        txn, backend, settled, parts, head, "1, 2", head_args
+    ):
         sums = points.setdefault((int(b), route), [0, 0, 0, 0])
         for i, value in enumerate((requests, prompt, cached, completion)):
             sums[i] += int(value or 0)
+    order = sorted(points, key=lambda p: (p[1] == OTHER, p) if top is not None else p)
     return [
         {
             "at": b * float(bucket),
@@ -176,17 +224,18 @@ def usage_series_rows(
             "cached_tokens": cached,
             "completion_tokens": completion,
         }
-        for (b, route), (requests, prompt, cached, completion) in sorted(points.items())
+        for b, route in order
+        for requests, prompt, cached, completion in (points[(b, route)],)
     ]
 
 
-def _with_bucket(parts: list[Part], args: tuple, bucket: float) -> tuple:
-    out, i = [], 0
-    for p in parts:
-        n = (p.lo != -_INF) + (p.hi != _INF)
-        out += [bucket, *args[i : i + n]]
-        i += n
-    return tuple(out)
+def _top_routes(rows: list[tuple[Any, ...]], top: int) -> list[str]:
+    """The `top` routes with the most prompt and completion tokens in `rows` (route first,
+    then the sums; ties by name)."""
+    tokens: dict[str, int] = {}
+    for route, _requests, _errors, prompt, _cached, completion in rows:
+        tokens[route] = tokens.get(route, 0) + int(prompt or 0) + int(completion or 0)
+    return sorted(tokens, key=lambda r: (-tokens[r], r))[:top]
 
 
 def top_moves_rows(

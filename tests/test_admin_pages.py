@@ -137,22 +137,76 @@ class Turns(Clock):
         f(*args, **kw)
 
 
-def test_a_scan_of_many_leases_gives_the_reactor_back_between_chunks():
+def page_through(table, reactor, where, limit):
+    """Every page of `where`, following the cursors; (keys seen, totals, reactor turns)."""
+    keys, totals, turns, cursor = [], set(), 0, None
+    while True:
+        d = ensureDeferred(lease_page(table, reactor, where, cursor, limit))
+        while not d.called:
+            assert len(reactor.due) == 1  # the scan waits for the reactor's next turn
+            turns += 1
+            reactor.turn()
+        page = d.result
+        keys += [lease.key for lease in page.rows]
+        totals.add(page.total)
+        cursor = page.next
+        if cursor is None:
+            return keys, totals, turns
+
+
+def test_a_fingerprint_search_scans_in_chunks_giving_the_reactor_back_between_them():
     from crossbar.lease_memory import LeaseMemory
 
     table = LeaseMemory()
     table.replace_all(fleet(3 * CHUNK + 5))
     reactor = Turns()
-    where = LeaseFilter(host="atlas")
-    d = ensureDeferred(lease_page(table, reactor, where, None, 10))  # type: ignore[arg-type]
+    d = ensureDeferred(lease_page(table, reactor, LeaseFilter(fp="fp"), None, 10))
     turns = 0
     while not d.called:
-        assert len(reactor.due) == 1  # the scan waits for the reactor's next turn
+        assert len(reactor.due) == 1
         turns += 1
         reactor.turn()
     assert turns == 3  # a turn of the reactor after each of the first three chunks
-    page = d.result
-    assert page.total == (3 * CHUNK + 5) // 2 and len(page.rows) == 10
+    assert d.result.total == 3 * CHUNK + 5 and len(d.result.rows) == 10
+
+
+def test_a_page_reads_the_routes_it_shows_and_counts_the_rest_from_the_counters():
+    from crossbar.lease_memory import LeaseMemory
+
+    table = LeaseMemory()
+    table.replace_all(fleet(40 * CHUNK, routes=400))  # 100 leases a route
+    reactor = Turns()
+    for where in (LeaseFilter(), LeaseFilter(host="atlas"), LeaseFilter(model=MODEL)):
+        d = ensureDeferred(lease_page(table, reactor, where, None, 100))
+        assert d.called  # a route or three read: no chunk of the table, no turn given
+        assert len(d.result.rows) == 100
+        assert d.result.total == (40 * CHUNK if where.host is None else 20 * CHUNK)
+    # One route of many leases is scanned in chunks like a search.
+    table.replace_all(fleet(3 * CHUNK + 5, routes=1))
+    keys, totals, turns = page_through(table, reactor, LeaseFilter(host="titan"), 1000)
+    assert totals == {(3 * CHUNK + 6) // 2} and turns >= 3
+    assert keys == sorted(k.key for k in fleet(3 * CHUNK + 5, routes=1) if k.host == "titan")
+
+
+def test_pages_give_every_matching_lease_once_in_key_order_whatever_the_filter():
+    from crossbar.lease_memory import LeaseMemory
+
+    leases = fleet(2 * CHUNK + 17, routes=7) + [
+        Lease(Key(f"team-{i % 3}", f"other{i:03d}", "m2"), "atlas", State.ACTIVE, 1.0, 1.0)
+        for i in range(50)
+    ]
+    table = LeaseMemory()
+    table.replace_all(leases)
+    filters = [LeaseFilter(), LeaseFilter(host="titan"), LeaseFilter(model="m2"),
+               LeaseFilter(route="team-2"), LeaseFilter(route="team-1", host="atlas"),
+               LeaseFilter(route="team-0", model="m2", host="atlas"),
+               LeaseFilter(fp="fp0001"), LeaseFilter(host="nowhere"),
+               LeaseFilter(route="team-404")]  # fmt: skip
+    for where in filters:
+        want = sorted(x.key for x in leases if where.matches(x))
+        for limit in (1, 7, 1000):
+            keys, totals, _ = page_through(table, Turns(), where, limit)
+            assert keys == want and totals == {len(want)}, (where, limit)
 
 
 @pytest_twisted.ensureDeferred

@@ -186,6 +186,42 @@ async def test_usage_series_sums_per_bucket_and_route(store):
     assert series[0]["cached_tokens"] == 2 and series[0]["completion_tokens"] == 0
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_top_series_keeps_the_busiest_routes_and_sums_the_rest_as_other(store):
+    tokens = {"a": 50, "b": 40, "c": 5, "d": 7}  # per request; two buckets of each route
+    for route, prompt in tokens.items():
+        for at in (60.0, 130.0):
+            await store.record_usage(usage(at, route=route, prompt_tokens=prompt))
+    series = await store.usage_series(since=60.0, bucket=60.0, top=2)
+    assert [(p["at"], p["route"], p["requests"], p["prompt_tokens"]) for p in series] == [
+        (60.0, "a", 1, 50),
+        (60.0, "b", 1, 40),
+        (120.0, "a", 1, 50),
+        (120.0, "b", 1, 40),
+        (60.0, "(other)", 2, 12),
+        (120.0, "(other)", 2, 12),
+    ]
+    everything = await store.usage_series(since=60.0, bucket=60.0, top=10)
+    assert {p["route"] for p in everything} == set(tokens)  # no "(other)" when all fit
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_pick_of_usage_totals_reads_percentiles_for_the_picked_groups_alone(store):
+    for route, ttfb in [("r", 10.0), ("r", 30.0), ("s", 5.0), ("t", 7.0)]:
+        await store.record_usage(usage(1.0, route=route, ttfb=ttfb))
+
+    def busiest(rows):
+        return sorted(rows, key=lambda row: -row["requests"])[:1]
+
+    [top] = await store.usage_totals("route", pick=busiest)
+    assert (top["route"], top["requests"], top["ttfb_p50_ms"], top["ttfb_p95_ms"]) == (
+        "r",
+        2,
+        10.0,
+        30.0,
+    )
+
+
 # -- housekeeping ---------------------------------------------------------------------------
 
 

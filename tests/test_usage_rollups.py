@@ -108,6 +108,29 @@ async def test_prune_drops_old_sums_with_usage_retention(store):
     assert (await store.usage_totals("route"))[0]["requests"] == 1
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_refresh_reads_settled_sums_once_and_the_newest_rows_every_time(store):
+    await fill(store)
+    await roll_up_all(store, NOW, raw_before=NOW - 2 * DAY)
+    first = await store.usage_totals("route", NOW - 3.5 * DAY)
+    chart = await store.usage_series(NOW - 3.5 * DAY, 3600.0, top=1)
+    read = store.settled.misses
+    assert read > 0
+    # The dashboard's next refresh: the same windows; the settled parts come from memory.
+    assert await store.usage_totals("route", NOW - 3.5 * DAY) == first
+    assert await store.usage_series(NOW - 3.5 * DAY, 3600.0, top=1) == chart
+    assert store.settled.misses == read and store.settled.hits >= read
+    # A request that just finished counts at once: the newest rows are read every time.
+    await store.record_usage(usage(NOW - 5.0, route="s"))
+    s = {r["route"]: r for r in await store.usage_totals("route", NOW - 3.5 * DAY)}["s"]
+    assert s["requests"] == {r["route"]: r for r in first}["s"]["requests"] + 1
+    # A roll-up or a prune deletes settled rows: nothing read before them is kept.
+    await store.prune(events_before=0.0, usage_before=NOW - 3 * DAY)
+    assert store.settled.hits and not store.settled._rows
+    after = {r["route"]: r for r in await store.usage_totals("route", NOW - 3.5 * DAY)}
+    assert after["s"]["requests"] < s["requests"]
+
+
 def test_every_report_and_sweep_statement_reads_its_range_on_an_index(tmp_path):
     conn = sqlite3.connect(str(tmp_path / "plan.db"), isolation_level=None)
     init_connection(conn, memory=False)
@@ -124,6 +147,7 @@ def test_every_report_and_sweep_statement_reads_its_range_on_an_index(tmp_path):
         usage_totals_rows(cur, SQLITE, by, NOW - 3600)  # raw rows alone
     usage_series_rows(cur, SQLITE, NOW - 7 * DAY, 3600.0)
     usage_series_rows(cur, SQLITE, NOW - 3600, 60.0)
+    usage_series_rows(cur, SQLITE, NOW - 7 * DAY, 3600.0, top=8)  # the chart's top routes
     conn.set_trace_callback(None)
     reads = [s for s in statements if "usage" in s and not s.startswith(("UPDATE", "BEGIN"))]
     assert len(reads) >= 10 and any("FROM usage_hours" in s for s in reads)

@@ -1,0 +1,59 @@
+"""Report rows over usage that has settled, kept between a dashboard's refreshes.
+
+A usage report reads the per-hour and per-minute sums and the raw rows before `rolled_until`
+(see store_queries.py), and the raw rows after it. Everything before `rolled_until` is
+settled: minutes are summed only once their rows have all arrived, and nothing writes them
+again. So the rows a query over such a range returns are kept, keyed by the query and its
+bounds, and a refresh every 3 s re-reads only the last few minutes of raw rows (and a minute's
+sums once a minute, as the window's start moves). What does delete settled rows, this store's
+roll-up and prune, empties the cache; another instance's prune of old rows shows here after
+this instance's own next sweep, a minute or so later.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+from twisted.enterprise.adbapi import Transaction
+
+Rows = list[tuple[Any, ...]]
+
+
+class SettledRows:
+    """Rows of queries over settled ranges, least recently used dropped beyond `size` (read
+    and filled from the store's threads, hence the lock)."""
+
+    def __init__(self, size: int = 128) -> None:
+        self.size = size
+        self.hits = self.misses = 0
+        self._rows: OrderedDict[tuple[str, tuple[Any, ...]], Rows] = OrderedDict()
+        self._lock = threading.Lock()
+        self._generation = 0  # a clear() while a query runs: its rows are not kept
+
+    def fetch(self, txn: Transaction, sql: str, args: tuple[Any, ...]) -> Rows:
+        """The rows of `sql` with `args`, run now unless kept from before."""
+        key = (sql, args)
+        with self._lock:
+            rows = self._rows.get(key)
+            if rows is not None:
+                self._rows.move_to_end(key)
+                self.hits += 1
+                return rows
+            generation = self._generation
+        txn.execute(sql, args)
+        rows = list(txn.fetchall())
+        with self._lock:
+            self.misses += 1
+            if generation == self._generation:
+                self._rows[key] = rows
+                while len(self._rows) > self.size:
+                    self._rows.popitem(last=False)
+        return rows
+
+    def clear(self) -> None:
+        """Forget every row: settled rows were deleted (a roll-up, a prune)."""
+        with self._lock:
+            self._rows.clear()
+            self._generation += 1
