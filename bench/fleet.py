@@ -3,9 +3,10 @@ conversations. Each scenario starts every party itself and prints its numbers.
 
     .venv/bin/python bench/fleet.py probes  [--duration 20]   # 3 vs 200 hosts at 1 s probes
     .venv/bin/python bench/fleet.py lag     [--duration 15]   # reactor gaps: rounds vs spread
+    .venv/bin/python bench/fleet.py probe-cpu [--rounds 20]   # CPU per probe: treq vs lean
     .venv/bin/python bench/fleet.py quiet   [--duration 10]   # log lines/s, 199 hosts down
     .venv/bin/python bench/fleet.py flap    [--duration 120]  # one host down 2 s / up 2 s
-    .venv/bin/python bench/fleet.py expiry  [--leases 100000] # sweep of idle leases, in process
+    .venv/bin/python bench/fleet.py expiry  [--leases 100000] [--batch N] # idle leases expire
     .venv/bin/python bench/fleet.py burst   [--burst 1000]    # new conversations at once
     .venv/bin/python bench/fleet.py store-burst [--burst 1000] # the same, store only
 
@@ -30,12 +31,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fleet_store import expiry, ms, probe_lag, store_burst
+from fleet_store import expiry, ms, probe_cpu, probe_lag, store_burst
 from measure import BytesProducer, Reader, cpu_seconds
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
+from crossbar.config import ServerConfig
 from crossbar.demo.launch import free_ports
 from crossbar.demo.processes import Processes, command, wait_for_line
 
@@ -191,6 +193,14 @@ async def lag(reactor: Any, args: argparse.Namespace) -> None:
         party.stop()
 
 
+async def probe_cost(reactor: Any, args: argparse.Namespace) -> None:
+    party = Party()
+    try:
+        await probe_cpu(reactor, args, party.health_ports(199))
+    finally:
+        party.stop()
+
+
 async def quiet(reactor: Any, args: argparse.Namespace) -> None:
     party = Party()
     try:
@@ -310,6 +320,7 @@ def serve_health(reactor: Any, n: int) -> defer.Deferred[None]:
 SCENARIOS = {
     "probes": probes,
     "lag": lag,
+    "probe-cpu": probe_cost,
     "quiet": quiet,
     "flap": flap,
     "burst": burst,
@@ -325,6 +336,8 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--leases", type=int, default=100_000)
     parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=20)  # probe-cpu
+    parser.add_argument("--batch", type=int, default=ServerConfig().sweep_batch)  # expiry
     args = parser.parse_args()
     if args.scenario == "serve-health":
         task.react(lambda reactor: serve_health(reactor, args.n))

@@ -118,7 +118,7 @@ async def expiry(reactor: Any, args: argparse.Namespace) -> None:
         ticker = task.LoopingCall(tick)
         ticker.start(0.002)
         now = 1e6
-        sweep = table.expire_idle(now, 500) if batched else table.expire_idle(now)
+        sweep = table.expire_idle(now, args.batch) if batched else table.expire_idle(now)
         t0 = reactor.seconds()
         done = defer.ensureDeferred(sweep)
         w = defer.ensureDeferred(writer())
@@ -126,8 +126,9 @@ async def expiry(reactor: Any, args: argparse.Namespace) -> None:
         took = reactor.seconds() - t0
         await w
         ticker.stop()
+        how = f"batches of {args.batch}" if batched else "one transaction"
         print(f"{args.leases} idle leases expired ({expired}) in {took * 1000:.0f} ms "
-              f"({'batches of 500' if batched else 'one transaction'}): longest reactor stall "
+              f"({how}): longest reactor stall "
               f"{max(gaps) * 1000:.0f} ms; lease writes meanwhile {ms(waits)}")  # fmt: skip
     finally:
         await store.close()
@@ -173,3 +174,38 @@ def _tick(gaps: list[float], last: list[float]) -> None:
     now = time.perf_counter()
     gaps.append(now - last[0])
     last[0] = now
+
+
+async def probe_cpu(reactor: Any, args: argparse.Namespace, ports: list[str]) -> None:
+    """CPU per health probe, treq against the lean getter (probe_http.py), alternately:
+    `--rounds` rounds of 199 hosts probed at once (the state machine's own work included)."""
+    import time
+
+    from crossbar.config import parse_config
+    from crossbar.health import build_client, treq_getter
+    from crossbar.hosts import Hosts
+
+    hosts = {f"h{i:03}": {"url": url, "models": ["m"], "parallel": 1, "ctx": 8192}
+             for i, url in enumerate(ports)}  # fmt: skip
+    config = parse_config({"server": {"health_interval": "1s"}, "hosts": hosts})
+    for mode in ("treq", "lean", "treq", "lean"):
+        if mode == "treq":
+            http, pool = build_client(reactor)
+            probed = Hosts(config, reactor, get=treq_getter(http))
+        else:
+            probed, pool = Hosts(config, reactor), None
+        await probed.probe_all()  # connections opened, /props read
+        cpu = time.process_time()
+        for _ in range(args.rounds):
+            await probed.probe_all()
+        cpu = time.process_time() - cpu
+        healthy = sum(probed.healthy(name) for name in hosts)
+        lean = getattr(probed, "_lean", None)  # None: treq, or a crossbar without probe_http
+        how = f"; {lean.connects} connections, {lean.fallbacks} via treq" if lean else ""
+        await probed.stop()
+        if pool is not None:
+            await pool.closeCachedConnections()
+        probes = args.rounds * len(hosts)
+        print(
+            f"{mode}: {probes} probes, {1e6 * cpu / probes:.0f} µs CPU each; {healthy} healthy{how}"
+        )

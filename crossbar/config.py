@@ -45,7 +45,7 @@ class ServerConfig:
     flap_window: float = 600.0  # falls counted for flap damping (flaps.py)
     flap_holddown: float = 30.0  # hold-down per fall beyond the first within flap_window
     flap_holddown_max: float = 600.0
-    sweep_batch: int = 500  # idle leases expired per transaction
+    sweep_batch: int = 200  # idle leases expired per transaction
     queue_max: int = 64
     queue_timeout: float = 300.0
     max_body: int = 64 * 1024 * 1024

@@ -30,6 +30,7 @@ from crossbar.discovery import discover
 from crossbar.flaps import Flaps
 from crossbar.health import Getter, Health, Prober, build_client, treq_getter
 from crossbar.host_status import host_status
+from crossbar.probe_http import LeanGetter
 
 Listener = Callable[[str, str], None]
 
@@ -85,10 +86,12 @@ class Hosts:
         self._store = store
         self._log = log or Logger()
         self._pool: HTTPConnectionPool | None = None
+        self._lean: LeanGetter | None = None
         if get is None:
             if http is None:
                 http, self._pool = build_client(clock)
-            get = treq_getter(http)
+            # /health on kept bare connections (a tenth of treq's CPU); the rest through treq.
+            get = self._lean = LeanGetter(clock, treq_getter(http))
         self._get = get
         self._hosts = {name: HostEntry(h) for name, h in config.hosts.items()}
         self._draining: set[str] = set()
@@ -253,9 +256,11 @@ class Hosts:
         return done
 
     def stop(self) -> Deferred[None]:
-        """Abandon probes under way and close our own connection pool."""
+        """Abandon probes under way and close our own connections."""
         for d in list(self._probing.values()):
             d.cancel()
+        if self._lean is not None:
+            self._lean.close()
         if self._pool is not None:
             return self._pool.closeCachedConnections()
         return succeed(None)

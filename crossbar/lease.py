@@ -371,14 +371,13 @@ class Table(LeaseMemory):
             assert change.expect is not None
             self._take(change.expect[0], written.current, written.change_id)
             raise _Lost()
-        for key in change.delete:
-            if key not in written.kept:
-                self._forget(key)
+        kept = written.kept
+        self._forget_all([k for k in change.delete if k not in kept] if kept else change.delete)
         for lease in change.save:
             self._remember(lease)
         self._mark_own(change, written.change_id)
         for event in change.events:
-            if Key(event.route, event.fp, event.model) in written.kept:
+            if kept and Key(event.route, event.fp, event.model) in kept:
                 continue
             for listener in list(self.listeners):
                 try:

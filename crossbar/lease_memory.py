@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from attrs import evolve
 
 from crossbar.lease_index import LeaseIndex
-from crossbar.lease_types import Acquired, Change, HostStates, Key, Lease, State, pin_key
+from crossbar.lease_types import Acquired, Change, HostStates, Key, Lease, State
 
 
 @contextmanager
@@ -191,7 +191,16 @@ class LeaseMemory:
             self._saved_use[key] = lease.last_used
 
     def _forget(self, key: Key) -> None:
-        if key == pin_key(key.route):
+        if not key.fp and not key.model:  # a pin row (pin_key), told without making a Key
             self._pins.pop(key.route, None)
         self._index.drop(key)
         self._saved_use.pop(key, None)
+
+    def _forget_all(self, keys: Iterable[Key]) -> None:
+        """`_forget` each of `keys`: a sweep's batch of hundreds, on the reactor thread."""
+        pins, drop, saved_use = self._pins, self._index.drop, self._saved_use
+        for key in keys:
+            if not key.fp and not key.model:
+                pins.pop(key.route, None)
+            drop(key)
+            saved_use.pop(key, None)

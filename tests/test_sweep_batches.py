@@ -110,4 +110,4 @@ def test_the_new_keys_are_checked_with_their_dotted_paths():
     paths = sorted(line.split(":")[0] for line in caught.value.errors)
     assert paths == ["server.flap_holddown_max", "server.flap_window", "server.sweep_batch"]
     good = parse_config({"server": {"flap_holddown": "0s"}, "hosts": {"a": a}}).server
-    assert good.flap_holddown == 0 and good.sweep_batch == 500  # "0s": no damping
+    assert good.flap_holddown == 0 and good.sweep_batch == 200  # "0s": no damping
