@@ -9,6 +9,7 @@ conversations. Each scenario starts every party itself and prints its numbers.
     .venv/bin/python bench/fleet.py expiry  [--leases 100000] [--batch N] # idle leases expire
     .venv/bin/python bench/fleet.py burst   [--burst 1000]    # new conversations at once
     .venv/bin/python bench/fleet.py store-burst [--burst 1000] # the same, store only
+    .venv/bin/python bench/fleet.py reads [--usage-rows 1000000] # lease writes beside reports
 
 `probes`, `quiet`, `flap` and `burst` run crossbar under twistd in front of
 `crossbar-fakellama` processes; the many hosts of `probes`/`quiet` are one process of this
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
+from fleet_reads import reads
 from fleet_store import expiry, ms, probe_cpu, probe_lag, store_burst
 from measure import BytesProducer, Reader, cpu_seconds
 from twisted.internet import defer, task
@@ -326,6 +328,7 @@ SCENARIOS = {
     "burst": burst,
     "store-burst": store_burst,
     "expiry": expiry,
+    "reads": reads,
 }
 
 
@@ -336,13 +339,14 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=None)
     parser.add_argument("--leases", type=int, default=100_000)
     parser.add_argument("--burst", type=int, default=1000)
+    parser.add_argument("--usage-rows", type=int, default=1_000_000)  # reads
     parser.add_argument("--rounds", type=int, default=20)  # probe-cpu
     parser.add_argument("--batch", type=int, default=ServerConfig().sweep_batch)  # expiry
     args = parser.parse_args()
     if args.scenario == "serve-health":
         task.react(lambda reactor: serve_health(reactor, args.n))
         return
-    defaults = {"probes": 20.0, "lag": 15.0, "quiet": 10.0, "flap": 120.0}
+    defaults = {"probes": 20.0, "lag": 15.0, "quiet": 10.0, "flap": 120.0, "reads": 10.0}
     args.duration = args.duration or defaults.get(args.scenario, 0.0)
     fn = SCENARIOS[args.scenario]
     task.react(lambda reactor: defer.ensureDeferred(fn(reactor, args)))
