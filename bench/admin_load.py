@@ -12,7 +12,8 @@ admin client refreshes as the dashboard does (status, hosts, a page of routes an
 a lease page filtered by host, the top tables, the chart, events, instances, and /metrics;
 every request of a refresh at once): first every `--every` seconds (the dashboard's 3 s),
 then back to back. Prints the proxy's p50/p99 in each run, the p99 rise, the admin requests
-done, and crossbar's RSS and CPU.
+done, and crossbar's RSS and CPU; last, crossbar's CPU per dashboard request, each asked
+`--cpu-requests` times in turn with nothing else running.
 """
 
 from __future__ import annotations
@@ -177,6 +178,23 @@ async def admin_loop(reactor: Any, base: str, every: float, seconds: float) -> d
     return done
 
 
+async def cpu_per_request(reactor: Any, base: str, pid: int, n: int) -> dict[str, float]:
+    """Crossbar's CPU (ms, both threads) per dashboard request, each asked `n` times in turn
+    with nothing else running; and a whole refresh's sum."""
+    agent = Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=True))
+    out: dict[str, float] = {}
+    for path in DASHBOARD:
+        before = cpu_seconds(pid)
+        for _ in range(n):
+            response = await agent.request(b"GET", (base + path).encode())
+            reader = Reader(reactor)
+            response.deliverBody(reader)
+            await reader.done
+        out[path] = round((cpu_seconds(pid) - before) * 1000 / n, 1)
+    out["a whole refresh"] = round(sum(out.values()), 1)
+    return out
+
+
 async def measure(reactor: Any, args: argparse.Namespace, urls: dict[str, str], pid: int) -> dict:
     """The proxy alone, beside a dashboard refreshing every `--every` s, and beside one
     refreshing back to back; crossbar's memory and CPU in each."""
@@ -196,7 +214,9 @@ async def measure(reactor: Any, args: argparse.Namespace, urls: dict[str, str], 
         loaded["p99_rise_ms"] = loaded["p99_ms"] - alone["p99_ms"]
         loaded["admin"] = json.loads(await child)
         runs[name] = loaded
+    cpu_ms = await cpu_per_request(reactor, urls["admin"], pid, args.cpu_requests)
     return {
+        "cpu_ms_per_admin_request": cpu_ms,
         "leases": args.leases,
         "routes": args.routes,
         "usage_rows": args.usage_rows,
@@ -229,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration", type=float, default=5.0, help="measured seconds per run")
     p.add_argument("--concurrency", type=int, default=4, help="chat workers")
     p.add_argument("--every", type=float, default=3.0, help="seconds between refreshes")
+    p.add_argument("--cpu-requests", type=int, default=10, help="times each request is timed")
     p.add_argument("--json", action="store_true", help="print JSON instead of lines")
     p.add_argument("--admin-loop", metavar="URL", help=argparse.SUPPRESS)  # the child
     args = p.parse_args(argv)
@@ -291,7 +312,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{'':13s} p99 rise {r['p99_rise_ms']:.2f} ms; {a['refreshes']} refreshes, "
                       f"{a['requests']} admin requests ({a['bytes'] / 1e6:.1f} MB, slowest "
                       f"{a['slowest_ms']:.0f} ms)")  # fmt: skip
-        print(f"crossbar RSS {report['crossbar_rss_mib']:.0f} MiB")
+        print(f"crossbar RSS {report['crossbar_rss_mib']:.0f} MiB; CPU per admin request:")
+        for path, ms in report["cpu_ms_per_admin_request"].items():
+            print(f"  {ms:7.1f} ms  {path}")
     return status
 
 

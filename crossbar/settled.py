@@ -5,9 +5,10 @@ A usage report reads the per-hour and per-minute sums and the raw rows before `r
 settled: minutes are summed only once their rows have all arrived, and nothing writes them
 again. So the rows a query over such a range returns are kept, keyed by the query and its
 bounds, and a refresh every 3 s re-reads only the last few minutes of raw rows (and a minute's
-sums once a minute, as the window's start moves). What does delete settled rows, this store's
-roll-up and prune, empties the cache; another instance's prune of old rows shows here after
-this instance's own next sweep, a minute or so later.
+sums once a minute, as the window's start moves). A roll-up changes no settled range (it adds
+sums after the old `rolled_until`, deletes only raw rows already summed, and the queries name
+their bounds, which move with it); a prune that deletes usage empties the cache. Another
+instance's prune of old rows shows here after this instance's own next prune, a sweep later.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ class SettledRows:
         return rows
 
     def clear(self) -> None:
-        """Forget every row: settled rows were deleted (a roll-up, a prune)."""
+        """Forget every row: settled rows were deleted (a prune)."""
         with self._lock:
             self._rows.clear()
             self._generation += 1

@@ -243,10 +243,10 @@ class Store:
     async def roll_up(self, now: float, raw_before: float) -> RolledUp:
         """Sum whole minutes of usage rows into per-minute and per-hour rows (an hour's worth
         at most), then delete the raw rows before `raw_before` that are summed."""
-        try:
-            return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
-        finally:
-            self.settled.clear()
+        # The settled rows kept for reports stay right: a roll-up adds sums after the old
+        # rolled_until and deletes only raw rows already summed, and the reports' queries
+        # name their bounds, which move with it.
+        return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 
@@ -276,12 +276,11 @@ class Store:
     ) -> tuple[int, int]:
         """Delete events, usage rows and change-log rows older than the given times (and
         instances silent for a day); returns (events, usage rows) deleted."""
-        try:
-            return await self._run(
-                "pruning", _prune, self._backend, events_before, usage_before, changes_before
-            )
-        finally:
-            self.settled.clear()
+        args = (self._backend, events_before, usage_before, changes_before)
+        events, usage, sums = await self._run("pruning", _prune, *args)
+        if usage or sums:
+            self.settled.clear()  # settled usage was deleted: rows kept may count it
+        return events, usage
 
 
 # -- in the pool's thread ------------------------------------------------------------------
@@ -344,17 +343,19 @@ def _prune(
     events_before: float,
     usage_before: float,
     changes_before: float,
-) -> tuple[int, int]:
+) -> tuple[int, int, int]:
     _begin(txn, backend)
     txn.execute(backend.sql("DELETE FROM lease_events WHERE at < ?"), (events_before,))
     events = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
     usage = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage_minutes WHERE minute < ?"), (usage_before,))
+    sums = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage_hours WHERE hour < ?"), (usage_before,))
+    sums += txn.rowcount
     txn.execute(backend.sql("DELETE FROM changes WHERE at < ?"), (changes_before,))
     txn.execute(f"DELETE FROM instances WHERE heartbeat < {backend.epoch_now} - 86400")
-    return events, usage
+    return events, usage, sums
 
 
 def _query(txn: Transaction, sql: str, args: tuple = ()) -> list[tuple]:

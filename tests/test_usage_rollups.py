@@ -124,7 +124,12 @@ async def test_a_refresh_reads_settled_sums_once_and_the_newest_rows_every_time(
     await store.record_usage(usage(NOW - 5.0, route="s"))
     s = {r["route"]: r for r in await store.usage_totals("route", NOW - 3.5 * DAY)}["s"]
     assert s["requests"] == {r["route"]: r for r in first}["s"]["requests"] + 1
-    # A roll-up or a prune deletes settled rows: nothing read before them is kept.
+    # A roll-up changes no settled range: what was read stays right and is kept.
+    await store.roll_up(NOW + 600.0, raw_before=NOW - 2 * DAY)
+    kept = await store.usage_totals("route", NOW - 3.5 * DAY)
+    store.settled.clear()
+    assert kept == await store.usage_totals("route", NOW - 3.5 * DAY)
+    # A prune deletes settled rows: nothing read before it is kept.
     await store.prune(events_before=0.0, usage_before=NOW - 3 * DAY)
     assert store.settled.hits and not store.settled._rows
     after = {r["route"]: r for r in await store.usage_totals("route", NOW - 3.5 * DAY)}
