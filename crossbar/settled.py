@@ -23,13 +23,17 @@ Rows = list[tuple[Any, ...]]
 
 
 class SettledRows:
-    """Rows of queries over settled ranges, least recently used dropped beyond `size` (read
-    and filled from the store's threads, hence the lock)."""
+    """Rows of queries over settled ranges, the least recently used dropped beyond `size`
+    queries or `max_rows` rows in all (a chart of every route by the minute is tens of
+    thousands of rows; its window moves each minute). Read and filled from the store's
+    threads, hence the lock."""
 
-    def __init__(self, size: int = 128) -> None:
+    def __init__(self, size: int = 128, max_rows: int = 200_000) -> None:
         self.size = size
+        self.max_rows = max_rows
         self.hits = self.misses = 0
         self._rows: OrderedDict[tuple[str, tuple[Any, ...]], Rows] = OrderedDict()
+        self._held = 0  # rows in all
         self._lock = threading.Lock()
         self._generation = 0  # a clear() while a query runs: its rows are not kept
 
@@ -47,14 +51,17 @@ class SettledRows:
         rows = list(txn.fetchall())
         with self._lock:
             self.misses += 1
-            if generation == self._generation:
-                self._rows[key] = rows
-                while len(self._rows) > self.size:
-                    self._rows.popitem(last=False)
+            if generation == self._generation and len(rows) <= self.max_rows // 4:
+                if key not in self._rows:
+                    self._rows[key] = rows
+                    self._held += len(rows)
+                while len(self._rows) > self.size or self._held > self.max_rows:
+                    self._held -= len(self._rows.popitem(last=False)[1])
         return rows
 
     def clear(self) -> None:
         """Forget every row: settled rows were deleted (a prune)."""
         with self._lock:
             self._rows.clear()
+            self._held = 0
             self._generation += 1
