@@ -7,8 +7,9 @@ again. So the rows a query over such a range returns are kept, keyed by the quer
 bounds, and a refresh every 3 s re-reads only the last few minutes of raw rows (and a minute's
 sums once a minute, as the window's start moves). A roll-up changes no settled range (it adds
 sums after the old `rolled_until`, deletes only raw rows already summed, and the queries name
-their bounds, which move with it); a prune that deletes usage empties the cache. Another
-instance's prune of old rows shows here after this instance's own next prune, a sweep later.
+their bounds, which move with it); a prune that deletes usage empties the cache. So does
+another instance's prune, seen at the next report: a prune deletes the oldest sums first, so
+the oldest minute or hour summed changes (`floor`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ class SettledRows:
         self._held = 0  # rows in all
         self._lock = threading.Lock()
         self._generation = 0  # a clear() while a query runs: its rows are not kept
+        self._floor: tuple[Any, ...] | None = None  # the oldest minute and hour summed
 
     def fetch(self, txn: Transaction, sql: str, args: tuple[Any, ...]) -> Rows:
         """The rows of `sql` with `args`, run now unless kept from before."""
@@ -59,9 +61,20 @@ class SettledRows:
                     self._held -= len(self._rows.popitem(last=False)[1])
         return rows
 
+    def floor(self, oldest: tuple[Any, ...]) -> None:
+        """The oldest minute and hour summed now: a change means some instance pruned sums
+        (or the first were written), so nothing kept is trusted."""
+        with self._lock:
+            if oldest != self._floor:
+                self._floor = oldest
+                self._clear()
+
     def clear(self) -> None:
         """Forget every row: settled rows were deleted (a prune)."""
         with self._lock:
-            self._rows.clear()
-            self._held = 0
-            self._generation += 1
+            self._clear()
+
+    def _clear(self) -> None:
+        self._rows.clear()
+        self._held = 0
+        self._generation += 1

@@ -89,6 +89,16 @@ def _parts(
     return [p for p in parts if p.lo < p.hi], kept_from
 
 
+def _check_floor(txn: Transaction, settled: SettledRows | None) -> None:
+    """Tell `settled` the oldest minute and hour summed (two lookups on the sums' primary
+    keys), so a prune by any instance empties it before it answers."""
+    if settled is not None:
+        txn.execute(
+            "SELECT (SELECT MIN(minute) FROM usage_minutes), (SELECT MIN(hour) FROM usage_hours)"
+        )
+        settled.floor(tuple(txn.fetchone()))
+
+
 def _select(part: Part, what: str, group: str) -> tuple[str, tuple]:
     """The SELECT of one part (`what` with {col}: its time column), and its bounds."""
     where, bounds = [], []
@@ -140,6 +150,7 @@ def usage_totals_rows(
 ) -> list[dict[str, Any]]:
     """Totals per `by` (a column name the caller checked: never client text), sorted by it;
     `pick` chooses some of them (a top ten) before the percentiles are read, for those only."""
+    _check_floor(txn, settled)
     parts, kept_from = _parts(txn, since)
     totals: dict[str, list[int]] = {}
     for key, *values in _fetch(txn, backend, settled, parts, by, by):
@@ -200,6 +211,7 @@ def usage_series_rows(
     floor = (
         "CAST({col} / ? AS INTEGER)" if backend is SQLITE else "CAST(FLOOR({col} / ?) AS BIGINT)"
     )
+    _check_floor(txn, settled)
     parts, _ = _parts(txn, since, minutes=bucket % 60 == 0, hours=bucket % 3600 == 0)
     head, head_args = floor + " AS b, route", (bucket,)
     if top is not None:

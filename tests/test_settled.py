@@ -44,3 +44,15 @@ def test_rows_in_all_are_bounded_and_a_big_answer_is_not_kept():
     assert kept._held == 35
     assert len(kept.fetch(cur, sql, (11,))) == 11  # over a quarter of the bound: not kept
     assert (11,) not in [args for _, args in kept._rows] and kept._held == 35
+
+
+def test_a_new_floor_empties_what_was_kept_and_the_same_floor_keeps_it():
+    cur, kept = cursor(), SettledRows()
+    sql = "SELECT n FROM t WHERE n < ?"
+    kept.floor((60.0, 3600.0))
+    kept.fetch(cur, sql, (3,))
+    kept.floor((60.0, 3600.0))  # nothing pruned: still kept
+    assert kept.fetch(cur, sql, (3,)) == [(0,), (1,), (2,)] and kept.hits == 1
+    cur.execute("DELETE FROM t WHERE n < 1")
+    kept.floor((120.0, 3600.0))  # some instance pruned the oldest minute
+    assert kept.fetch(cur, sql, (3,)) == [(1,), (2,)]
