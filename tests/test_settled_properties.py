@@ -3,10 +3,12 @@ crossbar writes it (each row at its own finishing time, the clock only going for
 and prunes, every report read with the rows kept equals the same report read without them."""
 
 import sqlite3
+from functools import partial
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from crossbar.admin_views import top_usage
 from crossbar.backends import POSTGRES, SQLITE, Backend
 from crossbar.records import UsageRow
 from crossbar.settled import SettledRows
@@ -157,10 +159,37 @@ def do(u: Usage, op) -> None:
         since = None if op[2] is None else u.now - op[2]
         kept, again, fresh = u.both(usage_totals_rows, op[1], since)
         assert kept == fresh and again == fresh, (op, u.now)
+        for sort, limit in (("requests", 2), ("cache_hit_ratio", 1), (op[1], None)):
+            # Picked in the store's thread, percentiles read for the picked: as picked after.
+            pick = partial(top_usage, sort=sort, limit=limit)
+            picked = usage_totals_rows(u.cur, u.backend, op[1], since, pick=pick)
+            assert picked == top_usage(fresh, sort, limit), (op, sort)
     elif kind == "series":
         _, age, bucket, top = op
         kept, again, fresh = u.both(usage_series_rows, u.now - age, bucket, top)
         assert kept == fresh and again == fresh, (op, u.now)
+        if top is not None:
+            every = usage_series_rows(u.cur, u.backend, u.now - age, bucket)
+            assert fresh == top_series(every, top), op
+    u.commit()
+
+
+def top_series(series: list[dict], top: int) -> list[dict]:
+    """The chart's top routes as the admin API picked them from every route's points before
+    the store did (admin_views.top_series at ac6740d): the reference."""
+    sums = ("requests", "prompt_tokens", "cached_tokens", "completion_tokens")
+    tokens: dict[str, int] = {}
+    for p in series:
+        tokens[p["route"]] = tokens.get(p["route"], 0) + p["prompt_tokens"] + p["completion_tokens"]
+    keep = set(sorted(tokens, key=lambda r: (-tokens[r], r))[:top])
+    out = [p for p in series if p["route"] in keep]
+    other: dict[float, dict] = {}
+    for p in series:
+        if p["route"] not in keep:
+            o = other.setdefault(p["at"], {**p, "route": "(other)"} | dict.fromkeys(sums, 0))
+            for name in sums:
+                o[name] += p[name]
+    return out + sorted(other.values(), key=lambda p: p["at"])
 
 
 @settings(
