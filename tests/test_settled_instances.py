@@ -1,5 +1,5 @@
-"""Two instances on one store: rows one instance keeps for its reports must not outlive usage
-another instance pruned for longer than settled.py says (this instance's own next prune)."""
+"""Two instances on one store: the rows one instance keeps for its reports do not outlive
+usage another instance pruned, even when its own prune finds nothing left to delete."""
 
 import pytest_twisted
 
@@ -8,7 +8,7 @@ from tests.test_usage_rollups import DAY, NOW, roll_up_all, usage
 
 
 @pytest_twisted.ensureDeferred
-async def test_another_instances_prune_shows_after_this_instances_next_prune(shared_url):
+async def test_another_instances_prune_shows_in_this_instances_next_report(shared_url):
     a, b = await open_store(shared_url), await open_store(shared_url)
     try:
         await a.record_usage_rows([usage(NOW - 20 * DAY), usage(NOW - 3 * DAY)])
