@@ -193,7 +193,7 @@ def top_series(series: list[dict], top: int) -> list[dict]:
 
 
 @settings(
-    max_examples=int(__import__("os").environ.get("N", 300)),
+    max_examples=300,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
@@ -209,7 +209,7 @@ def test_reports_with_settled_rows_kept_answer_as_without_them_on_postgresql():
     with pg_schema() as url, psycopg.connect(url) as conn:
         u = Usage(conn, POSTGRES)
 
-        @settings(max_examples=100, deadline=None)
+        @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
         @given(operations)
         def check(ops):
             u.empty()
