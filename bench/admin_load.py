@@ -21,22 +21,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sqlite3
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from measure import Reader, cpu_seconds, percentile
+from measure import Reader, cpu_seconds, percentile, react, with_processes
 from overhead import MODEL, chat_body, one_request
 from twisted.internet import defer, task, utils
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from crossbar.backends import SQLITE
 from crossbar.demo.launch import free_ports, wait_ready
-from crossbar.demo.plan import DemoError, read_plan
+from crossbar.demo.plan import read_plan
 from crossbar.demo.processes import Processes, command, wait_for_line
 from crossbar.store_rollups import roll_up
 from crossbar.store_setup import migrate
@@ -258,11 +256,10 @@ def main(argv: list[str] | None = None) -> int:
         async def refresh(reactor: Any) -> None:
             print(json.dumps(await admin_loop(reactor, args.admin_loop, args.every, args.duration)))
 
-        task.react(lambda r: defer.ensureDeferred(refresh(r)))
-    work = Path(tempfile.mkdtemp(prefix="crossbar-admin-load-"))
-    processes = Processes(work, record_pids=False)
-    status, report = 1, None
-    try:
+        return react(refresh)
+    box: dict[str, Any] = {}
+
+    def body(processes: Processes, work: Path) -> int:
         fill_store(work / "crossbar.db", args.leases, args.routes, args.usage_rows)
         fake_args = ["--port", "0", "--model", MODEL, "--parallel", "64",
                      "--tokens-per-second", "0", "--reply-tokens", "16"]  # fmt: skip
@@ -277,24 +274,14 @@ def main(argv: list[str] | None = None) -> int:
         plan = read_plan(config, ROUTE)
         wait_ready(plan, proxy)
         urls = {"proxy": plan.route_url("/v1/chat/completions"), "admin": plan.admin_url[:-1]}
-        box: dict[str, Any] = {}
 
         async def run(reactor: Any) -> None:
             box["report"] = await measure(reactor, args, urls, proxy.pid)
 
-        try:
-            task.react(lambda r: defer.ensureDeferred(run(r)))
-        except SystemExit as e:
-            status = int(e.code or 0)
-        report = box.get("report")
-    except DemoError as e:
-        print(f"admin_load: {e}", file=sys.stderr)
-    finally:
-        processes.stop()
-        if status == 0:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"logs kept in {work}", file=sys.stderr)
+        return react(run)
+
+    status = with_processes("admin-load", body)
+    report = box.get("report")
     if report is None:
         return 1
     if args.json:

@@ -26,21 +26,19 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from measure import percentile
+from measure import percentile, react, with_processes
 from treq.client import HTTPClient
 from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from crossbar.demo.launch import free_ports, start_crossbar, wait_ready
-from crossbar.demo.plan import DemoError, read_plan
+from crossbar.demo.plan import read_plan
 from crossbar.demo.processes import Processes, command, wait_for_line
 
 MODEL = "qwen-coder"
@@ -271,26 +269,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Start the processes, run the scenarios in this process's reactor, stop them."""
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="crossbar-fairness-"))
-    processes = Processes(work, record_pids=False)
-    status = 1
-    try:
+
+    def body(processes: Processes, work: Path) -> int:
         urls = start(processes, work, args)
-        try:
-            task.react(lambda r: defer.ensureDeferred(run_all(r, urls, args)))
-        except SystemExit as e:  # react always exits
-            status = int(e.code or 0)
-    except DemoError as e:  # a process did not start: its log is in the message
-        print(f"fairness: {e}", file=sys.stderr)
-    finally:
-        for line in processes.stop():
-            if "killed" in line:
-                print(line, file=sys.stderr)
-        if status == 0:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"logs and configs kept in {work}", file=sys.stderr)
-    return status
+        return react(lambda r: run_all(r, urls, args))
+
+    return with_processes("fairness", body)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,27 @@
 """What the benches measure with: a request body sent at once, a response read with the time of
-its first byte, nearest-rank percentiles, and a process's CPU seconds."""
+its first byte, nearest-rank percentiles, a process's CPU seconds; and how a bench runs its
+processes and its reactor."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.interfaces import IConsumer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseDone
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
+
+from crossbar.demo.plan import DemoError
+from crossbar.demo.processes import Processes
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -73,3 +81,34 @@ def cpu_seconds(pid: int | None) -> float:
         return t.user + t.system
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def react(run: Callable[[Any], Coroutine[Any, Any, object]]) -> int:
+    """Run `run(reactor)` in a reactor until it is done; its exit status (react always exits)."""
+    try:
+        task.react(lambda reactor: defer.ensureDeferred(run(reactor)))
+    except SystemExit as e:
+        return int(e.code or 0)
+    return 0
+
+
+def with_processes(name: str, body: Callable[[Processes, Path], int]) -> int:
+    """Run `body` with the processes of a bench in a new temporary directory, then stop them;
+    the directory goes if `body` returned 0, else it is kept and named (its logs). A process
+    that did not start is said, with its log, as `name`'s error."""
+    work = Path(tempfile.mkdtemp(prefix=f"crossbar-{name}-"))
+    processes = Processes(work, record_pids=False)
+    status = 1
+    try:
+        status = body(processes, work)
+    except DemoError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+    finally:
+        for line in processes.stop():
+            if "killed" in line:
+                print(line, file=sys.stderr)
+        if status == 0:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            print(f"logs and configs kept in {work}", file=sys.stderr)
+    return status

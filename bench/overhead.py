@@ -16,22 +16,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from measure import BytesProducer, Reader, cpu_seconds, percentile
-from twisted.internet import defer, task
+from measure import BytesProducer, Reader, cpu_seconds, percentile, react, with_processes
+from twisted.internet import defer
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
 from crossbar.demo.launch import free_ports, wait_ready
-from crossbar.demo.plan import DemoError, read_plan
+from crossbar.demo.plan import read_plan
 from crossbar.demo.processes import Process, Processes, command, wait_for_line
 
 MODEL = "qwen-coder"
@@ -308,32 +306,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Start the processes, run every combination in this process's reactor, stop them."""
     args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="crossbar-bench-"))
-    processes = Processes(work, record_pids=False)
     progress = sys.stderr if args.json else sys.stdout
-    status = 1
-    try:
+
+    def body(processes: Processes, work: Path) -> int:
         urls, fake = start(processes, work, args.reply_tokens, args.handoff_store)
         proxy = processes.started[-1]
         print(
             f"fake at {urls['direct']}, crossbar at {urls['crossbar']}", file=progress, flush=True
         )
         pids = {"gen": None, "fake": fake.pid, "crossbar": proxy.pid}
-        try:
-            task.react(lambda r: defer.ensureDeferred(run_all(r, args, urls, pids, progress)))
-        except SystemExit as e:  # react always exits
-            status = int(e.code or 0)
-    except DemoError as e:  # a process did not start: its log is in the message
-        print(f"overhead: {e}", file=sys.stderr)
-    finally:
-        for line in processes.stop():
-            if "killed" in line:
-                print(line, file=sys.stderr)
-        if status == 0:
-            shutil.rmtree(work, ignore_errors=True)
-        else:
-            print(f"logs and config kept in {work}", file=sys.stderr)
-    return status
+        return react(lambda r: run_all(r, args, urls, pids, progress))
+
+    return with_processes("overhead", body)
 
 
 if __name__ == "__main__":

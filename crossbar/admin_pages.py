@@ -19,7 +19,6 @@ import json
 import re
 from bisect import bisect_left
 from collections.abc import Callable
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
@@ -35,9 +34,8 @@ from crossbar.route import Route
 if TYPE_CHECKING:
     from crossbar.admin_views import RouteFacts
 
-_sort_key = attrgetter("route", "fp", "model")  # a Key as a tuple, in C
 CHUNK = 1000  # keys scanned per turn of the reactor (1-2 ms on a busy 2-core VM)
-LeaseSortKey = tuple[str, str, str]
+Start = tuple[str, str, str]  # a cursor's key: the page begins after it
 
 
 async def breathe(clock: IReactorTime) -> None:
@@ -103,7 +101,7 @@ async def lease_page(
     it starts in (the routes in order, each route's keys sorted): a page of a 100,000-lease
     table reads a route or two, not the table. A fingerprint search scans every key."""
     after = decode_cursor(cursor, _is_key)
-    start: LeaseSortKey | None = tuple(after) if after is not None else None  # type: ignore[assignment]
+    start: Start | None = tuple(after) if after is not None else None  # type: ignore[assignment]
     if where.fp is not None:
         page = await _scanned_page(table, clock, where, start, limit)
         return Page(_leases(table, page.rows), page.total, page.next)
@@ -111,7 +109,7 @@ async def lease_page(
     routes = [where.route] if where.route is not None else table.routes()
     if start is not None:
         routes = routes[bisect_left(routes, start[0]) :]
-    found: list[LeaseSortKey] = []
+    found: list[Key] = []
     read = 0
     for route in routes if total else ():
         if read >= CHUNK:
@@ -131,26 +129,24 @@ async def lease_page(
     return Page(rows, total, encode_cursor(list(found[limit - 1])) if more else None)
 
 
-def _matching(
-    table: Table, keys: list[Key], where: LeaseFilter, start: LeaseSortKey | None
-) -> list[LeaseSortKey]:
-    """The sort keys of `keys` after `start` whose leases match `where`."""
+def _matching(table: Table, keys: list[Key], where: LeaseFilter, start: Start | None) -> list[Key]:
+    """The keys of `keys` after `start` (a Key is a tuple: it compares as one) whose leases
+    match `where`."""
     if where.host is None and where.model is None and where.fp is None:
-        return [k for k in map(_sort_key, keys) if start is None or k > start]
+        return [key for key in keys if start is None or key > start]
     out = []
     for key in keys:
         lease = table.lease(key)
         if lease is None or not where.matches(lease):
             continue  # gone while we gave the reactor back, or filtered out
-        k = _sort_key(key)
-        if start is None or k > start:
-            out.append(k)
+        if start is None or key > start:
+            out.append(key)
     return out
 
 
-def _leases(table: Table, keys: list[LeaseSortKey]) -> list[Lease]:
+def _leases(table: Table, keys: list[Key]) -> list[Lease]:
     """The leases still held under `keys`."""
-    leases = (table.lease(Key(*k)) for k in keys)
+    leases = (table.lease(key) for key in keys)
     return [lease for lease in leases if lease is not None]
 
 
@@ -158,15 +154,15 @@ async def _scanned_page(
     table: Table,
     clock: IReactorTime,
     where: LeaseFilter,
-    start: LeaseSortKey | None,
+    start: Start | None,
     limit: int,
     keys: list[Key] | None = None,
 ) -> Page:
     """A page chosen by scanning every key (of `where.route`, or `keys`) in chunks, a reactor
-    turn between them; its rows are sort keys, its total counts every match."""
+    turn between them; its rows are keys, its total counts every match."""
     if keys is None:
         keys = table.keys(where.route)
-    best: list[LeaseSortKey] = []
+    best: list[Key] = []
     total = later = 0
     for i in range(0, len(keys), CHUNK):
         if i:

@@ -15,6 +15,8 @@ from crossbar.backends import redact
 from crossbar.config_fields import NAME, Errors, Section, quote, type_name
 from crossbar.route import Route, Template, check_route_links, read_routes, read_templates
 
+_RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them each time)
+
 _DAY = 86400.0
 DISCOVER = "discover"
 
@@ -121,17 +123,24 @@ class Config:
     routes: dict[str, Route]
     templates: tuple[Template, ...] = ()
     path: str = ""
+    # Routes made from templates, by name: a request's route is looked up several times
+    # (routing, the limiter, metrics labels), and making one costs ~10 µs. Bounded, for names
+    # are the clients'.
+    _resolved: dict[str, Route] = field(factory=dict, init=False, eq=False, repr=False)
 
     def route(self, name: str) -> Route | None:
         """The concrete route `name`, else the first template in file order that serves it."""
-        concrete = self.routes.get(name)
+        concrete = self.routes.get(name) or self._resolved.get(name)
         if concrete is not None:
             return concrete
         if NAME.fullmatch(name) is None:
             return None
         for template in self.templates:
             if template.serves(name):
-                return template.resolve(name)
+                route = template.resolve(name)
+                if len(self._resolved) < _RESOLVED_MAX:
+                    self._resolved[name] = route
+                return route
         return None
 
     def models_of(self, route: Route, served: Served | None = None) -> list[str]:

@@ -120,11 +120,12 @@ class HandOff:
     ) -> None:
         """Run one inference turn (`forward`): after the move of its conversation under way,
         if any; with its body kept for a later hand-off once it has been answered."""
-        try:
-            await self._settled(key)
-        except BaseException:
-            forward.close()
-            raise
+        if key in self._moving:  # the only case with anything to wait for
+            try:
+                await self._settled(key)
+            except BaseException:
+                forward.close()
+                raise
         self._in_flight[key] += 1
         try:
             await forward
@@ -132,8 +133,10 @@ class HandOff:
             self._in_flight[key] -= 1
             if not self._in_flight[key]:
                 del self._in_flight[key]
-        if ex.status == 200 and not ex.error and inbound.path in PREWARMABLE:
-            self.store.keep(key, pack(inbound.path, inbound.raw))
+        if self.store.enabled and ex.status == 200 and not ex.error and inbound.path in PREWARMABLE:
+            self.store.keep(
+                key, pack(inbound.path, inbound.raw)
+            )  # a copy of the body: only if kept
 
     def _settled(self, key: Key) -> Deferred[None]:
         """Fires when `key` is not moving, or after prewarm_timeout."""

@@ -111,6 +111,21 @@ def test_a_template_serves_every_name_its_glob_matches_and_only_those():
     assert c.route("other") is None
 
 
+def test_a_template_route_is_made_once_per_config_and_remembered_within_a_bound(monkeypatch):
+    import crossbar.config
+
+    templates = {"projects": {"match": "proj-*", "hosts": ["atlas"]}}
+    c = config(templates=templates)
+    assert c.route("proj-alpha") is c.route("proj-alpha")  # made once, asked many times
+    assert config(templates=templates).route("proj-alpha") is not c.route("proj-alpha")
+    monkeypatch.setattr(crossbar.config, "_RESOLVED_MAX", 2)
+    names = [f"proj-{i}" for i in range(5)]
+    for name in names:
+        assert c.route(name).name == name  # still served past the bound, made each time
+    assert c.route("proj-4") is not c.route("proj-4")
+    assert len(c._resolved) == 2
+
+
 def test_the_first_template_in_file_order_wins():
     c = config(
         templates={

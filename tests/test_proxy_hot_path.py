@@ -66,42 +66,9 @@ async def raw_post(port: int, path: str, body: bytes, ctype: str = "application/
     return await wait(protocol.closed)
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_json_answer_keeps_the_hosts_length_and_a_stream_stays_chunked():
-    answers = Answers()
-    upstream = reactor.listenTCP(0, Site(answers), interface="127.0.0.1")
-    hosts = {
-        "titan": {
-            "url": f"http://127.0.0.1:{upstream.getHost().port}",
-            "models": {MODEL: {"parallel": 2}},
-        }
-    }
-    crossbar = await start_crossbar({}, {"convo": {"hosts": ["titan"]}}, hosts=hosts)
-    port = int(crossbar.url("convo", "/").split(":")[2].split("/")[0])
-    try:
-        chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
-        head, _, body = (
-            await raw_post(port, "/r/convo/v1/chat/completions", json.dumps(chat).encode())
-        ).partition(b"\r\n\r\n")
-        assert head.startswith(b"HTTP/1.1 200")
-        assert f"content-length: {len(ANSWER)}".encode() in head.lower()
-        assert b"transfer-encoding" not in head.lower()
-        assert body == ANSWER  # byte for byte, not re-chunked
-
-        streamed = json.dumps({**chat, "stream": True}).encode()
-        head, _, body = (await raw_post(port, "/r/convo/v1/chat/completions", streamed)).partition(
-            b"\r\n\r\n"
-        )
-        assert b"transfer-encoding: chunked" in head.lower()
-        assert b"content-length" not in head.lower()
-        assert b"data: [DONE]" in body
-    finally:
-        await crossbar.stop()
-        await upstream.stopListening()
-
-
-@pytest_twisted.ensureDeferred
-async def test_a_form_encoded_post_goes_to_the_host_as_it_came():
+@pytest_twisted.async_yield_fixture
+async def crossbar_before_answers():
+    """Crossbar's route "convo" before one host answering with `Answers`: (answers, port)."""
     answers = Answers()
     upstream = reactor.listenTCP(
         0, Site(answers, parsePOSTFormSubmission=False), interface="127.0.0.1"
@@ -113,15 +80,43 @@ async def test_a_form_encoded_post_goes_to_the_host_as_it_came():
         }
     }
     crossbar = await start_crossbar({}, {"convo": {"hosts": ["titan"]}}, hosts=hosts)
-    port = int(crossbar.url("convo", "/").split(":")[2].split("/")[0])
     try:
-        raw = b'{"content": "--x"}'  # JSON, labelled as a form Twisted's parsing would refuse
-        answer = await raw_post(port, "/r/convo/tokenize", raw, "multipart/form-data; boundary=x")
-        assert answer.startswith(b"HTTP/1.1 200")
-        assert answers.bodies == [raw]
+        yield answers, int(crossbar.url("convo", "/").split(":")[2].split("/")[0])
     finally:
         await crossbar.stop()
         await upstream.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_json_answer_keeps_the_hosts_length_and_a_stream_stays_chunked(
+    crossbar_before_answers,
+):
+    _, port = crossbar_before_answers
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    head, _, body = (
+        await raw_post(port, "/r/convo/v1/chat/completions", json.dumps(chat).encode())
+    ).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert f"content-length: {len(ANSWER)}".encode() in head.lower()
+    assert b"transfer-encoding" not in head.lower()
+    assert body == ANSWER  # byte for byte, not re-chunked
+
+    streamed = json.dumps({**chat, "stream": True}).encode()
+    head, _, body = (await raw_post(port, "/r/convo/v1/chat/completions", streamed)).partition(
+        b"\r\n\r\n"
+    )
+    assert b"transfer-encoding: chunked" in head.lower()
+    assert b"content-length" not in head.lower()
+    assert b"data: [DONE]" in body
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_form_encoded_post_goes_to_the_host_as_it_came(crossbar_before_answers):
+    answers, port = crossbar_before_answers
+    raw = b'{"content": "--x"}'  # JSON, labelled as a form Twisted's parsing would refuse
+    answer = await raw_post(port, "/r/convo/tokenize", raw, "multipart/form-data; boundary=x")
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert answers.bodies == [raw]
 
 
 def _no_delay(transport) -> int:
