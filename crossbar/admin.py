@@ -92,7 +92,7 @@ class Admin(AdminActions):
     @api
     async def hosts(self, request: Any) -> dict[str, Any]:
         """GET /api/hosts: health, draining, and slots per model."""
-        rows = host_rows(self._hosts, self._limiter, self._table)
+        rows = host_rows(self._hosts, self._limiter, self._table, self._warmth)
         if self._evacuator is not None:
             for row in rows:  # the latest evacuation of each host, while it runs and after
                 evacuation = self._evacuator.evacuations.get(row["name"])

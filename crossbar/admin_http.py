@@ -23,6 +23,7 @@ from crossbar.limiter import Limiter
 from crossbar.metrics import Metrics
 from crossbar.store import Store
 from crossbar.usage import UsageRecorder
+from crossbar.warmth import Warmth
 
 MAX_BODY = 64 * 1024  # admin requests are small JSON objects
 Handler = Callable[..., Awaitable[Any]]
@@ -90,6 +91,7 @@ class AdminBase:
         instances: Instances,
         reload: Reload,
         evacuator: Evacuator | None = None,
+        warmth: Warmth | None = None,
     ) -> None:
         self.config = config
         self._clock = clock
@@ -102,6 +104,7 @@ class AdminBase:
         self._instances = instances
         self._reload = reload
         self._evacuator = evacuator
+        self._warmth = warmth
         self._started = clock.seconds()
 
     def reconfigure(self, config: Config) -> None:

@@ -15,6 +15,7 @@ from crossbar.lease import Lease, Table
 from crossbar.limiter import Limiter, RouteState
 from crossbar.route import Route
 from crossbar.units import parse_duration
+from crossbar.warmth import Warmth
 
 MAX_BUCKETS = 2000  # points per route in a usage series
 USAGE_SORTS = ("requests", "errors", "cache_hit_ratio")
@@ -127,16 +128,20 @@ def _sharing(config: Config, route: Route | None, state: RouteState | None) -> d
     }
 
 
-def host_rows(hosts: Hosts, limiter: Limiter, table: Table) -> list[dict[str, Any]]:
+def host_rows(
+    hosts: Hosts, limiter: Limiter, table: Table, warmth: Warmth | None = None
+) -> list[dict[str, Any]]:
     """Hosts.status() with, per model, the limiter's in flight, queued (in all and per route)
     and free slots, this instance's `share` of the host's `parallel` slots (all of them unless
     other instances share the store) and the table's lease count; and per host the routes
-    pinned to it."""
+    pinned to it and its cache truth (evictions, warm capacity; warmth.py)."""
     pins = table.pins()
     rows = hosts.status()
     for host in rows:
         name = host["name"]
         host["pinned_routes"] = sorted(route for route, h in pins.items() if h == name)
+        if warmth is not None:
+            host["cache"] = warmth.status(name)
         for model in host["models"]:
             m = model["name"]
             model["in_flight"] = limiter.in_flight(name, m)

@@ -51,6 +51,15 @@ class Catalog:
         props = self.props.get(name)
         return props.total_slots if props and props.total_slots else 1
 
+    def knows_parallel(self, name: str) -> bool:
+        """Whether the model's slots are known: configured, or read from `/props` (else
+        `parallel` says 1 only for want of better)."""
+        m = self.model(name)
+        if m is None or m.parallel is not None:
+            return m is not None
+        props = self.props.get(name)
+        return bool(props and props.total_slots)
+
     def ctx(self, name: str) -> int | None:
         """Tokens per slot: configured, else `/props` `n_ctx`, else None (unknown)."""
         m = self.model(name)

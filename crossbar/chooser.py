@@ -1,8 +1,10 @@
 """Where a new lease goes: SPEC §5's chooser, a pure ranking over what the table passes it.
 
-The table knows the leases (how many each host holds for the model, which hosts peer routes
-use); the capacity (the limiter) knows the slots. `Chooser.choose` gathers both into one
-`HostView` per candidate and `pick` ranks them: no part of it reaches back into the table.
+The table knows the leases (how many each host holds for the model, counting placements still
+being written, and which hosts peer routes use); the limiter knows the slots and what each host
+is doing now (in flight and queued); the cache truth (warmth.py) knows which hosts have room to
+keep one more conversation warm. `Chooser.choose` gathers them into one `HostView` per candidate
+and `pick` ranks them: no part of it reaches back into the table.
 """
 
 from __future__ import annotations
@@ -13,13 +15,25 @@ from typing import Protocol
 
 from attrs import frozen
 
+from crossbar.lease_types import Lease
+
 
 class Capacity(Protocol):
-    """Slots per (host, model): configured or discovered, and free right now."""
+    """Slots per (host, model) and what is using them (crossbar.limiter.Limiter)."""
 
     def parallel(self, host: str, model: str) -> int: ...
 
     def free_slots(self, host: str, model: str) -> int: ...
+
+    def in_flight(self, host: str, model: str) -> int: ...
+
+    def queued(self, host: str, model: str) -> int: ...
+
+
+class Room(Protocol):
+    """Which hosts can keep one more conversation warm (crossbar.warmth.Warmth)."""
+
+    def room(self, host: str, need: int, leaving: Lease | None = None) -> bool: ...
 
 
 @frozen
@@ -28,10 +42,12 @@ class HostView:
 
     name: str
     peer: bool  # a peer route of the asking route holds a lease for the model here
-    leases: int  # leases of every route held here for the model
-    parallel: int  # slots for the model (0 when not yet known)
+    leases: int  # leases of every route held here for the model, placements under way included
+    parallel: int  # slots for the model (0 when not known)
     free: int  # slots free right now
     held: bool = False  # held out of new placements after flapping (flaps.py)
+    busy: int = 0  # requests in flight and queued here for the model now
+    room: bool = True  # its cache keeps the new conversation warm beside its active ones
 
 
 def pick(views: Sequence[HostView]) -> str | None:
@@ -39,17 +55,29 @@ def pick(views: Sequence[HostView]) -> str | None:
 
     Order of preference: a host not held down after flapping (a flapping host holds the
     fewest leases because it keeps losing them, which must not draw new ones to it; it is
-    still used when every candidate is held); then a peer host (their caches likely share
-    prefixes); then the lowest leases/parallel (an unknown parallel counts as one slot, never
-    a division by zero; exact fractions keep 1/3 and 2/6 equal so the next level decides);
-    then the most free slots; then the candidates' (config) order.
+    still used when every candidate is held); then one with room to keep the conversation warm
+    (a conversation placed where it is evicted pays its prefill again every turn); then a peer
+    host (their caches likely share prefixes); then the lowest leases/parallel (placements
+    being written count, so conversations arriving together spread as if one by one; exact
+    fractions keep 1/3 and 2/6 equal so the next level decides); then the lowest
+    busy/parallel (what the host does now); then the most free slots; then the candidates'
+    (config) order. A parallel below 1 counts as one slot, never a division by zero.
     """
     if not views:
         return None
 
-    def rank(item: tuple[int, HostView]) -> tuple[bool, bool, Fraction, int, int]:
+    def rank(item: tuple[int, HostView]) -> tuple[bool, bool, bool, Fraction, Fraction, int, int]:
         order, v = item
-        return (v.held, not v.peer, Fraction(v.leases, max(v.parallel, 1)), -v.free, order)
+        slots = max(v.parallel, 1)
+        return (
+            v.held,
+            not v.room,
+            not v.peer,
+            Fraction(v.leases, slots),
+            Fraction(v.busy, slots),
+            -v.free,
+            order,
+        )
 
     return min(enumerate(views), key=rank)[1].name
 
@@ -62,12 +90,19 @@ def _never_held(host: str) -> bool:
     return False
 
 
+def _always_known(host: str, model: str) -> bool:
+    return True
+
+
 @frozen
 class Chooser:
     """Reads the capacity of each candidate and picks (SPEC's `Chooser.choose`)."""
 
     capacity: Capacity
     held: Callable[[str], bool] = _never_held  # hosts.Hosts.held_down in production
+    # Whether a host's slots for the model are known yet (configured or read from /props).
+    known: Callable[[str, str], bool] = _always_known
+    warmth: Room | None = None
 
     def choose(
         self,
@@ -75,20 +110,30 @@ class Chooser:
         model: str,
         leases: Callable[[str], int] = _no_leases,
         peers: Collection[str] = (),
+        need: int = 0,
+        leaving: Lease | None = None,
     ) -> str | None:
         """The best of `candidates` for a new lease of `model`; `leases(host)` counts the
-        leases held there for the model, `peers` are hosts where a peer route holds one."""
-        cap, held = self.capacity, self.held
-        return pick(
-            [
-                HostView(
-                    h,
-                    h in peers,
-                    leases(h),
-                    cap.parallel(h, model),
-                    cap.free_slots(h, model),
-                    held(h),
-                )
-                for h in candidates
-            ]
-        )
+        leases held there for the model, `peers` are hosts where a peer route holds one,
+        `need` the tokens the conversation is expected to keep warm, `leaving` a lease being
+        placed again (it no longer counts on its host).
+
+        A host whose slots are not known yet is weighed as one with the known candidates'
+        typical `parallel` (their mean): neither preferred nor penalised for it."""
+        cap, held, known, warmth = self.capacity, self.held, self.known, self.warmth
+        parallels = {h: cap.parallel(h, model) for h in candidates}
+        sure = [p for h, p in parallels.items() if p > 0 and known(h, model)]
+        typical = max(1, round(sum(sure) / len(sure))) if sure else 1
+        views = []
+        for h in candidates:
+            busy = cap.in_flight(h, model) + cap.queued(h, model)
+            if parallels[h] > 0 and known(h, model):
+                parallel, free = parallels[h], cap.free_slots(h, model)
+            else:
+                parallel, free = typical, max(0, typical - cap.in_flight(h, model))
+            count = leases(h)
+            if leaving is not None and leaving.host == h:
+                count -= 1
+            room = True if warmth is None else warmth.room(h, need, leaving)
+            views.append(HostView(h, h in peers, count, parallel, free, held(h), busy, room))
+        return pick(views)

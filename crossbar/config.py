@@ -102,6 +102,9 @@ class HostConfig:
     discover: bool = False
     parallel: int | None = None
     ctx: int | None = None
+    # Prompt tokens the host keeps warm over all its conversations (its slots and its
+    # `--cache-ram`); None: learned from its evictions (warmth.py).
+    cache_tokens: int | None = None
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
@@ -288,10 +291,11 @@ def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
         api_key = t.string("api_key")
         parallel = t.integer("parallel", None)
         ctx = t.integer("ctx", None)
+        cache_tokens = t.integer("cache_tokens", None)
         discover = t.peek("models") == DISCOVER
         models = _read_models(t, parallel, ctx)
         t.finish()
-        hosts[name] = HostConfig(name, url, models, api_key, discover, parallel, ctx)
+        hosts[name] = HostConfig(name, url, models, api_key, discover, parallel, ctx, cache_tokens)
     return hosts
 
 

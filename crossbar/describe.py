@@ -26,6 +26,8 @@ def _host_lines(host: HostConfig) -> list[str]:
         lines.append(
             f"    model {m.name}{upstream}: parallel {_slots(m.parallel)}, ctx {_slots(m.ctx)}"
         )
+    warm = f"{host.cache_tokens} tokens" if host.cache_tokens else "learned from its evictions"
+    lines.append(f"    keeps warm: {warm}")
     return lines
 
 

@@ -125,13 +125,21 @@ class Health:
     bad: int = 0  # consecutive bad probes
     flips: int = 0
     last: Probe | None = None
+    proven: bool = False  # a probe has been good since the host came into the config
     # Bumped by passive failures (and by Hosts on URL changes): results of probes started
     # before are void, so a probe already under way cannot undo a failure the proxy just saw.
     epoch: int = 0
 
+    @property
+    def unproven(self) -> bool:
+        """Probed, and never good yet: a host that was down when crossbar started (or when a
+        reload added it) is not given new leases on the strength of starting healthy."""
+        return self.last is not None and not self.proven
+
     def record(self, probe: Probe, unhealthy_after: int, healthy_after: int) -> bool:
         """Count one probe; True when it flipped the state (then `reason` says why)."""
         self.last = probe
+        self.proven = self.proven or probe.ok
         if probe.ok:
             self.good, self.bad = self.good + 1, 0
             if not self.healthy and self.good >= healthy_after:

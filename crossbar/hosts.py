@@ -98,6 +98,7 @@ class Hosts:
         self._listeners: list[Listener] = []
         self._round_waiters: list[Deferred[None]] = []
         self._probing: dict[str, Deferred[None]] = {}
+        self._fresh: set[str] = set()  # added or moved by a reload, not probed since
         self.probe_errors = 0  # bugs caught in a probe round (a probe that fails is not one)
 
     # -- reading
@@ -130,15 +131,24 @@ class Hosts:
         host = self._hosts.get(name)
         return host.catalog.parallel(model) if host is not None else 1
 
+    def knows_parallel(self, name: str, model: str) -> bool:
+        """Whether the pair's slots are known yet (configured or read from `/props`)."""
+        host = self._hosts.get(name)
+        return host is not None and host.catalog.knows_parallel(model)
+
     def ctx(self, name: str, model: str) -> int | None:
         """Tokens per slot: configured, else discovered `n_ctx`, else None (unknown)."""
         host = self._hosts.get(name)
         return host.catalog.ctx(model) if host is not None else None
 
     def held_down(self, name: str) -> bool:
-        """True while a host that flapped is held out of new placements (flaps.py)."""
+        """True while a host is held out of new placements: it flapped (flaps.py), or it has
+        not answered a probe since it came into the config (start or reload) though one was
+        tried. It keeps its leases either way; a restart moves nobody."""
         host = self._hosts.get(name)
-        return host is not None and host.flaps.held(self._clock.seconds())
+        if host is None:
+            return False
+        return host.health.unproven or host.flaps.held(self._clock.seconds())
 
     @property
     def flips(self) -> dict[str, int]:
@@ -280,10 +290,13 @@ class Hosts:
             host = self._hosts.get(name)
             if host is None:
                 host = HostEntry(new)
+                self._fresh.add(name)
                 self._log.info("host {host} added", host=name)
             elif host.config != new:
                 if host.config.url != new.url:
                     host.health.epoch += 1
+                    host.health.last, host.health.proven = None, False  # another server
+                    self._fresh.add(name)
                 # Models or their settings may have changed: what a new URL said is unknown.
                 host.catalog = host.catalog.reconfigured(new)
                 host.config = new
@@ -295,7 +308,14 @@ class Hosts:
                 probe.cancel()
         self._hosts = hosts
         self._config = config
+        self._fresh &= hosts.keys()
         self._notify(before)
+
+    async def probe_fresh(self) -> None:
+        """Probe at once the hosts a reload added or gave another URL (their `/props` too),
+        so nothing is placed on them blind; the spread schedule takes them on from there."""
+        fresh, self._fresh = sorted(self._fresh), set()
+        await gatherResults([self.probe(name) for name in fresh])
 
     # -- internals
 

@@ -1,7 +1,9 @@
 """The sticky lease table (SPEC §5): which host each conversation is on, and keeping it there.
 
-A lease moves only when its host is unhealthy, when it has been idle longer than `idle`, or
-when an operator pins or releases its route. Every change goes to the store (through the
+A lease moves only when its host is unhealthy, when it has been idle longer than `idle`, when
+an operator pins or releases its route, or when crossbar moves it outside `acquire`: a warm
+hand-off (`move`), a conversation its host evicted (`rehome`), a lease its first request could
+not use (`undo`). Every change goes to the store (through the
 journal, journal.py) and is applied to memory only once it is written, so a restart
 (`Table.load`) moves nobody. While the store cannot be written, changes that serve clients
 (leases made, moved, touched; hosts a reload removed) are applied to memory and kept by the
@@ -20,6 +22,7 @@ and each instance follows the others' changes (follower.py, lease_memory.py).
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING
@@ -86,6 +89,10 @@ class Table(LeaseMemory):
         # expires a lease this much early.
         self._touch_every = min(60.0, idle / 100)
         self._locks = KeyLocks()
+        # Leases chosen and being written, per (host, model): they count for their host from
+        # the moment they are chosen, so conversations arriving together spread as they would
+        # one by one (a lease counts in the index only once its write has landed).
+        self._placing: Counter[tuple[str, str]] = Counter()
         # Called with each event once its change takes effect: written, or kept in memory while
         # the store fails (metrics).
         self.listeners: list[Callable[[LeaseEvent], None]] = []
@@ -136,11 +143,17 @@ class Table(LeaseMemory):
         return Acquired(host, reused=False, pinned=False)
 
     async def acquire(
-        self, key: Key, candidates: Sequence[str], now: float, peers: Sequence[str] = ()
+        self,
+        key: Key,
+        candidates: Sequence[str],
+        now: float,
+        peers: Sequence[str] = (),
+        need: int = 0,
     ) -> Acquired:
         """The host for a request with lease key `key`; `candidates` are the route's hosts
         serving the model, in config order; `peers` the routes whose hosts a new lease
-        prefers. Raises PinnedDown or NoHost."""
+        prefers; `need` the tokens a new conversation is expected to keep warm. Raises
+        PinnedDown or NoHost."""
         if not key.model:
             raise ValueError("a lease key needs a model (fp == model == '' names a pin row)")
         candidates = tuple(candidates)
@@ -151,7 +164,7 @@ class Table(LeaseMemory):
             reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
             if reused is not None:
                 return reused
-        return await self._locks.run(key, lambda: self._acquire(key, candidates, now, peers))
+        return await self._locks.run(key, lambda: self._acquire(key, candidates, now, peers, need))
 
     async def move(self, key: Key, host: str, now: float, reason: str) -> bool:
         """Move `key`'s lease to `host` (a hand-off); False if gone, there, or lost."""
@@ -167,20 +180,74 @@ class Table(LeaseMemory):
 
         return await self._locks.run(key, moved)
 
+    async def rehome(
+        self,
+        key: Key,
+        candidates: Sequence[str],
+        now: float,
+        peers: Sequence[str] = (),
+        reason: str = "cold",
+    ) -> Acquired | None:
+        """Place `key`'s lease again as the chooser would place it new, its own weight on its
+        host not counted: a conversation whose host evicted its prefix pays the prefill
+        wherever its next turn goes, so that turn goes where it will stay warm. A move has
+        event `reason`; None when the lease stays (also when there is none, the route is
+        pinned, or its host is unhealthy: `acquire` then decides as ever)."""
+
+        async def placed() -> Acquired | None:
+            healthy, draining = self._hosts.healthy, self._hosts.draining
+            lease = self._index.get(key)
+            if lease is None or lease.host not in candidates or not healthy(lease.host):
+                return None
+            pin = self.pinned(key.route)
+            if pin is not None and pin in candidates:
+                return None
+            lease.cold = False  # decided once, whatever comes of it
+            usable = [h for h in candidates if healthy(h) and not draining(h)]
+            host = self._choose(usable, key.model, peers, lease.turn_prompt, leaving=lease)
+            if host is None or host == lease.host:
+                return None
+            with suppress(_Lost):
+                await self._place(key, host, now, reason, lease.host)
+                return Acquired(host, reused=False, pinned=False)
+            return None
+
+        return await self._locks.run(key, placed)
+
+    async def undo(self, key: Key, host: str, now: float) -> bool:
+        """Forget a lease that its first request could not use (refused by crossbar after it
+        was made, or by the host with a 4xx): a request nobody could serve places nothing.
+        Only while it is still that lease: on `host`, never used since it was made. Event
+        reason `refused`; True when it went."""
+
+        async def undone() -> bool:
+            lease = self._index.get(key)
+            if lease is None or lease.host != host or lease.last_used != lease.created:
+                return False
+            await self._drop([lease], now, "refused", keep_ok=True)
+            return True
+
+        return await self._locks.run(key, undone)
+
     async def _acquire(
-        self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str]
+        self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str], need: int
     ) -> Acquired:
         # Another instance sharing the store may write the key between our decision and our
         # write; the write then fails, its row is taken into memory, and we decide again.
         for _ in range(_RETRIES):
             try:
-                return await self._decide(key, candidates, now, peers)
+                return await self._decide(key, candidates, now, peers, need)
             except _Lost:
                 continue
-        return await self._decide(key, candidates, now, peers)
+        return await self._decide(key, candidates, now, peers, need)
 
     async def _decide(
-        self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str]
+        self,
+        key: Key,
+        candidates: tuple[str, ...],
+        now: float,
+        peers: Sequence[str],
+        need: int = 0,
     ) -> Acquired:
         healthy, draining = self._hosts.healthy, self._hosts.draining
         lease = self._index.get(key)
@@ -196,7 +263,7 @@ class Table(LeaseMemory):
             # A lease elsewhere is one the pin's deletion raced with: it moves to the pin.
             reason, origin = ("pin", lease.host) if lease is not None else ("new", "")
             await self._place(key, pin, now, reason, origin)
-            return Acquired(pin, reused=False, pinned=True)
+            return Acquired(pin, reused=False, pinned=True, born=not origin)
         # 2. An existing lease on a healthy host decides (draining hosts keep their leases).
         origin, reason = "", "new"
         if lease is not None:
@@ -216,33 +283,56 @@ class Table(LeaseMemory):
                 and not draining(parent.host)
             ):
                 await self._place(key, parent.host, now, reason, origin)
-                return Acquired(parent.host, reused=True, pinned=False)
+                return Acquired(parent.host, reused=True, pinned=False, born=not origin)
         # 4. Choose among healthy, non-draining candidates (the host a lease leaves is neither
         # healthy nor a candidate); none: nothing changes.
         usable = [h for h in candidates if healthy(h) and not draining(h)]
-        host = self._choose(usable, key.model, peers)
+        host = self._choose(usable, key.model, peers, need)
         if host is None:
             raise NoHost(key.route, key.model)
         await self._place(key, host, now, reason, origin)
-        return Acquired(host, reused=False, pinned=False)
+        return Acquired(host, reused=False, pinned=False, born=not origin)
 
-    def _choose(self, usable: list[str], model: str, peers: Sequence[str]) -> str | None:
+    def _choose(
+        self,
+        usable: list[str],
+        model: str,
+        peers: Sequence[str],
+        need: int = 0,
+        leaving: Lease | None = None,
+    ) -> str | None:
         if not usable:
             return None
-        index = self._index
+        index, placing = self._index, self._placing
         return self._chooser.choose(
             usable,
             model,
-            leases=lambda host: index.count(host, model),
+            leases=lambda host: index.count(host, model) + placing[(host, model)],
             peers=index.hosts_with_lease(peers, model) if peers else (),
+            need=need,
+            leaving=leaving,
         )
 
+    def placing(self, host: str, model: str) -> int:
+        """Leases chosen for (host, model) whose writes have not landed yet."""
+        return self._placing[(host, model)]
+
     async def _place(self, key: Key, host: str, now: float, reason: str, origin: str) -> None:
-        """Make or move `key`'s lease, if the store still has it where we think (`origin`)."""
+        """Make or move `key`'s lease, if the store still has it where we think (`origin`).
+
+        The lease counts for `host` from this call on (before any await), so a choice made
+        meanwhile for another key sees it."""
         lease = Lease(key, host, State.ACTIVE, created=now, last_used=now)
         event = LeaseEvent(now, key.route, key.fp, key.model, origin, host, reason)
         change = Change(save=[lease], events=[event], expect=(key, origin))
-        await self._commit(change, keep_ok=True)
+        placing = (host, key.model)
+        self._placing[placing] += 1
+        try:
+            await self._commit(change, keep_ok=True)
+        finally:
+            self._placing[placing] -= 1
+            if not self._placing[placing]:
+                del self._placing[placing]
 
     async def _touch(self, lease: Lease, now: float) -> None:
         if now - self._saved_use[lease.key] > self._touch_every:

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple, Protocol
 
-from attrs import define, frozen
+from attrs import define, field, frozen
 
 from crossbar.records import LeaseEvent
 
@@ -32,13 +32,20 @@ class State(enum.Enum):
 
 @define
 class Lease:
-    """`key -> host`, with when it was made and last used (seconds, from the injected clock)."""
+    """`key -> host`, with when it was made and last used (seconds, from the injected clock).
+
+    The last three fields are the host's cache truth for the lease's last turn (warmth.py), in
+    memory only: the store keeps none of them, a move or a restart starts them afresh, and they
+    take no part in comparing leases."""
 
     key: Key
     host: str
     state: State
     created: float
     last_used: float
+    turn_prompt: int = field(default=0, eq=False)  # prompt tokens of the last turn
+    turn_cached: int = field(default=0, eq=False)  # of which the host had cached
+    cold: bool = field(default=False, eq=False)  # the last turn found its prefix evicted
 
 
 @frozen
@@ -49,6 +56,7 @@ class Acquired:
     host: str
     reused: bool
     pinned: bool
+    born: bool = field(default=False, eq=False)  # it made the key's first lease (not a move)
 
 
 @frozen
@@ -135,6 +143,8 @@ class HostChooser(Protocol):
         model: str,
         leases: Callable[[str], int] = ...,
         peers: Collection[str] = (),
+        need: int = 0,
+        leaving: Lease | None = None,
     ) -> str | None: ...
 
 

@@ -29,6 +29,7 @@ from crossbar.limiter import Limiter
 from crossbar.metrics_labels import UNKNOWN, Seen, host_stands, label_stands, route_label
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.usage import UsageRecorder
+from crossbar.warmth import Warmth
 
 __all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]
 
@@ -49,8 +50,10 @@ class Metrics:
         guard: ContextGuard,
         usage: UsageRecorder | None = None,
         instances: Instances | None = None,
+        warmth: Warmth | None = None,
     ) -> None:
         self.config = config
+        self.warmth = warmth
         self.table = table
         self.hosts = hosts
         self.limiter = limiter
@@ -202,6 +205,8 @@ class _Live:
         m = self._metrics
         yield from _slots(m.config, m.hosts, m.limiter)
         yield from _hosts(m.config, m.hosts, m.table)
+        if m.warmth is not None:
+            yield from _warmth(m.config, m.warmth)
         ratio = GaugeMetricFamily(
             "crossbar_cache_hit_ratio",
             "Cached prompt tokens / prompt tokens per route, since start.",
@@ -280,6 +285,40 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
             family.add_metric(labels, getattr(state, name) if state else 0)
     yield from gauges.values()
     yield from counters.values()
+
+
+def _warmth(config: Config, warmth: Warmth) -> Iterator[Metric]:
+    """What each host's answers say it kept warm (warmth.py)."""
+    host = ["host"]
+    evictions = CounterMetricFamily(
+        "crossbar_cache_evictions",
+        "Reused turns whose host had evicted their conversation's prefix (they paid its "
+        "prefill again).",
+        labels=host,
+    )
+    kept = CounterMetricFamily(
+        "crossbar_cache_kept_turns",
+        "Reused turns whose host still had their conversation's prefix cached.",
+        labels=host,
+    )
+    capacity = GaugeMetricFamily(
+        "crossbar_host_warm_capacity_tokens",
+        "Tokens a host keeps warm: its cache_tokens, or learned from its evictions.",
+        labels=host,
+    )
+    active = GaugeMetricFamily(
+        "crossbar_host_active_tokens",
+        "Tokens of the conversations a host served in the last five minutes.",
+        labels=host,
+    )
+    for name in config.hosts:
+        status = warmth.status(name)
+        evictions.add_metric([name], status["evictions"])
+        kept.add_metric([name], status["kept_turns"])
+        active.add_metric([name], status["active_tokens"])
+        if status["warm_capacity"] is not None:
+            capacity.add_metric([name], status["warm_capacity"])
+    yield from (evictions, kept, capacity, active)
 
 
 def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from attrs import frozen
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -21,8 +20,9 @@ from twisted.web.server import NOT_DONE_YET
 
 from crossbar import cors
 from crossbar.answers import answer_json, models_list, route_health
+from crossbar.call import Call, Target
 from crossbar.config import Config
-from crossbar.dialects import OPENAI_CHAT, Dialect, Kind, classify
+from crossbar.dialects import OPENAI_CHAT, Kind, classify
 from crossbar.errors import (
     INTERNAL,
     ClientError,
@@ -39,42 +39,16 @@ from crossbar.handoff import HandOff
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
 from crossbar.inbound import Inbound, header_reader, request_body
-from crossbar.lease import Acquired, Key, LeaseError, NoHost, Table
+from crossbar.lease import Acquired, Key, LeaseError, NoHost
 from crossbar.limiter import Limiter, LimiterError, Release
+from crossbar.placement import Placement
 from crossbar.relay import Relay
-from crossbar.route import Route
 from crossbar.routing import check_key, choose_model, resolve_route, split_route
 from crossbar.upstream import Upstream, UpstreamFailure, prepare, renamed_body
 from crossbar.usage import UNKNOWN_ROUTE, Exchange, UsageRecorder
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
-
-
-@frozen
-class Target:
-    """What a request is for: its route, its API and what crossbar does with it (None: no
-    such path), its method and its llama-server path."""
-
-    route: Route
-    dialect: Dialect
-    kind: Kind | None
-    method: str
-    path: str
-
-
-@frozen
-class Call:
-    """A request understood: its route, API, kind, model, conversation and lease key."""
-
-    route: Route
-    dialect: Dialect
-    kind: Kind
-    inbound: Inbound
-    model: str
-    key: Key
-    candidates: tuple[str, ...]
-    origin: str | None  # the host of the running completion a control call names
 
 
 def _noop() -> None:
@@ -90,25 +64,25 @@ class ProxyResource(Resource):
         self,
         config: Config,
         clock: IReactorTime,
-        table: Table,
         hosts: Hosts,
         limiter: Limiter,
         upstream: Upstream,
         guard: ContextGuard,
         ids: IdMemory,
         usage: UsageRecorder,
+        placement: Placement,
         handoff: HandOff | None = None,
     ) -> None:
         super().__init__()
         self._config = config
         self._clock = clock
-        self._table = table
         self._hosts = hosts
         self._limiter = limiter
         self._upstream = upstream
         self._guard = guard
         self._ids = ids
         self._usage = usage
+        self._placement = placement
         self._handoff = handoff
         self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
         self._settled: list[Deferred[None]] = []  # waiters for "no request running"
@@ -273,7 +247,8 @@ class ProxyResource(Resource):
                 if kind is Kind.CONTROL and remembered.host in candidates:
                     origin = remembered.host
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
-        return Call(route, dialect, kind, inbound, model, key, candidates, origin)
+        need = round(ex.prompt_chars * self._guard.ratio(model))
+        return Call(route, dialect, kind, inbound, model, key, candidates, origin, need)
 
     # -- the way to a host and back
 
@@ -285,7 +260,11 @@ class ProxyResource(Resource):
             ex.host = host = acquired.host
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
             if call.kind is Kind.INFERENCE:
-                await self._check_context(call, host, ex)
+                try:
+                    await self._check_context(call, host, ex)
+                except ClientError:
+                    await self._placement.refused(call, acquired)  # places nothing
+                    raise
             release = await self._slot(call, host, ex)
             host_config = self._config.hosts.get(host)
             if host_config is None:  # a reload removed it while we waited
@@ -315,6 +294,7 @@ class ProxyResource(Resource):
                 await self._relay(request, call, ex, response)
             finally:
                 release()
+            await self._placement.answered(call, acquired, ex.status, ex.tokens)
             return
 
     def _where(self, call: Call, host: str = "") -> Where:
@@ -327,18 +307,9 @@ class ProxyResource(Resource):
         )
 
     async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
-        """The host for this call: a named completion's own host, else the lease's."""
-        if call.origin is not None and self._hosts.healthy(call.origin):
-            pinned = self._table.pinned(call.key.route) is not None
-            return Acquired(call.origin, reused=True, pinned=pinned)
-        now = self._clock.seconds()
-        peers = call.route.peers
+        """The host for this call (placement.py), lease errors in the caller's terms."""
         try:
-            if call.kind is Kind.CONTROL and not call.key.fp and not call.route.per_route():
-                # No conversation: the route lease's host or the chooser's pick, and nothing
-                # recorded (one GET /props must not make the lease every conversation inherits).
-                return self._table.peek(call.key, call.candidates, peers)
-            return await self._table.acquire(call.key, call.candidates, now, peers)
+            return await self._placement.place(call)
         except NoHost as e:
             if failed is not None:  # the host that just failed was the last one left
                 raise for_exception(failed[1], self._where(call, failed[0])) from None

@@ -11,7 +11,8 @@ class LeaseEvent:
 
     `from_host`/`to_host` are "" when there is no such host (a new lease has no `from_host`,
     a dropped one no `to_host`). `reason` is one of new, idle, pin, release, unhealthy, config,
-    evacuate, rebalance.
+    evacuate, rebalance, cold (an evicted conversation placed again), refused (a lease whose
+    first request was refused, forgotten).
     """
 
     at: float

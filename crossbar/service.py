@@ -156,7 +156,9 @@ class CrossbarService(MultiService):
         parts.instances.address = f"{getattr(address, 'host', '')}:{getattr(address, 'port', '')}"
         self._reconfigurable = [
             parts.hosts.reconfigure,
+            lambda config: parts.hosts.probe_fresh(),  # before any part places on them
             parts.limiter.reconfigure,
+            parts.warmth.reconfigure,
             parts.upstream.reconfigure,
             parts.ids.reconfigure,
             parts.metrics.reconfigure,

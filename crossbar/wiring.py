@@ -31,11 +31,13 @@ from crossbar.lease import Table
 from crossbar.limiter import Limiter
 from crossbar.logs import log_request
 from crossbar.metrics import Metrics
+from crossbar.placement import Placement
 from crossbar.proxy import ProxyResource
 from crossbar.site import BoundedSite, ProxySite
 from crossbar.store import Store
 from crossbar.upstream import Upstream
 from crossbar.usage import UsageRecorder
+from crossbar.warmth import Warmth
 
 # Leases loaded at start from which their objects are frozen out of full collections.
 _FREEZE_FROM = 10_000
@@ -51,6 +53,7 @@ class Parts:
     hosts: Hosts
     limiter: Limiter
     table: Table
+    warmth: Warmth
     upstream: Upstream
     ids: IdMemory
     guard: ContextGuard
@@ -98,8 +101,10 @@ async def build_parts(
     )
     hosts.add_listener(limiter.resized)
     since = await store.last_change()  # before the leases: what comes after, the follower applies
-    chooser = Chooser(limiter, held=hosts.held_down)
+    warmth = Warmth(config, reactor)
+    chooser = Chooser(limiter, held=hosts.held_down, known=hosts.knows_parallel, warmth=warmth)
     table = await Table.load(store, hosts, chooser, s.lease_idle, journal)
+    table.listeners.append(warmth.lease_event)
     if len(table) >= _FREEZE_FROM:
         # The loaded leases live long: out of the collector's full passes, which otherwise
         # walk all of them (0.7 s at 100k leases) whenever enough new objects pile up.
@@ -109,7 +114,7 @@ async def build_parts(
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)
-    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances)
+    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth)
     table.listeners.append(metrics.lease_event)
     usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
@@ -117,8 +122,8 @@ async def build_parts(
         config, reactor, table, hosts, limiter, upstream, usage, metrics.registry
     )
     return Parts(
-        reactor, store, journal, hosts, limiter, table, upstream, ids, guard, usage, metrics,
-        instances, follower, handoff,
+        reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
+        metrics, instances, follower, handoff,
     )  # fmt: skip
 
 
@@ -151,13 +156,14 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     """The client-facing site and the admin site over `parts`; `reload` is what
     `POST /api/reload` calls."""
     p = parts
+    placement = Placement(p.table, p.hosts, p.warmth, p.clock)
     resource = ProxyResource(
-        config, p.clock, p.table, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage,
+        config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
         p.handoff.handoff,
     )  # fmt: skip
     api = Admin(
         config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, p.instances,
-        reload, p.handoff.evacuator,
+        reload, p.handoff.evacuator, p.warmth,
     )  # fmt: skip
     proxy = ProxySite(resource, config, reactor=p.clock)
     proxy.on_refused = p.usage.refused_early

@@ -204,16 +204,25 @@ def run_now(coro: Coroutine[Any, Any, Any]) -> Any:
 
 @define
 class FakeCapacity:
-    """Slots per host as two dicts (parallel 1 and nothing free unless said)."""
+    """Slots per host as dicts (parallel 1, nothing free, nothing in flight or queued unless
+    said)."""
 
     parallel_of: dict[str, int] = field(factory=dict)
     free: dict[str, int] = field(factory=dict)
+    running: dict[str, int] = field(factory=dict)
+    waiting: dict[str, int] = field(factory=dict)
 
     def parallel(self, host: str, model: str) -> int:
         return self.parallel_of.get(host, 1)
 
     def free_slots(self, host: str, model: str) -> int:
         return self.free.get(host, 0)
+
+    def in_flight(self, host: str, model: str) -> int:
+        return self.running.get(host, 0)
+
+    def queued(self, host: str, model: str) -> int:
+        return self.waiting.get(host, 0)
 
 
 async def make_table(

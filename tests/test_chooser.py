@@ -1,10 +1,11 @@
-"""The chooser: peers, then lowest leases/parallel, then most free slots, then config order."""
+"""The chooser: room to stay warm, then peers, then lowest leases/parallel (placements under
+way counted), then what each host is doing now, then most free slots, then config order."""
 
 import pytest_twisted
 from lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 
 from crossbar.chooser import Chooser, HostView, pick
-from crossbar.lease import Key, Table
+from crossbar.lease import Key, Lease, State, Table
 
 
 def views(load=None, parallel=None, free=None, peers=(), order=("a", "b")) -> list[HostView]:
@@ -43,8 +44,52 @@ def test_equal_shares_fall_to_free_slots():
     assert got == "b"
 
 
-def test_unknown_parallel_counts_as_one_slot():
+def test_a_parallel_below_one_counts_as_one_slot_in_the_ranking():
     assert pick(views(load={"a": 1, "b": 1}, parallel={"a": 0, "b": 2})) == "b"
+
+
+def test_equal_shares_fall_to_what_each_host_is_doing_now():
+    # Same leases per slot: the host with fewer requests in flight and queued wins, before
+    # free slots and config order are asked.
+    v = [HostView("a", False, 1, 2, 2, busy=3), HostView("b", False, 1, 2, 0, busy=1)]
+    assert pick(v) == "b"
+
+
+def test_a_host_with_room_to_keep_the_conversation_warm_comes_first():
+    full = HostView("a", True, 0, 4, 4, room=False)  # a peer, no leases, all slots free
+    roomy = HostView("b", False, 9, 4, 0)
+    assert pick([full, roomy]) == "b"
+    held = HostView("c", False, 0, 4, 4, held=True)
+    assert pick([held, full]) == "a"  # held after flapping still weighs first
+
+
+def test_a_host_whose_slots_are_not_known_yet_is_weighed_as_a_typical_one():
+    # b has not been read yet: its "1 slot" is no fact, so it is weighed as the known
+    # candidates' mean (4), neither preferred nor penalised.
+    capacity = FakeCapacity(parallel_of={"a": 4, "b": 1, "c": 4}, free={"a": 4, "c": 4})
+    c = Chooser(capacity, known=lambda host, model: host != "b")
+    leases = {"a": 2, "b": 1, "c": 2}.get
+    assert c.choose(["a", "b", "c"], "m", leases=leases) == "b"  # 1/4 beats 2/4
+    leases = {"a": 1, "b": 1, "c": 1}.get
+    assert c.choose(["b", "a", "c"], "m", leases=leases) == "b"  # equal: free slots, order
+    # Taken at its word, the one slot would have made b look full.
+    assert Chooser(capacity).choose(["b", "a", "c"], "m", leases=leases) == "a"
+
+
+def test_the_chooser_reads_what_each_host_is_doing_from_its_capacity():
+    capacity = FakeCapacity(
+        parallel_of={"a": 2, "b": 2}, free={"a": 1, "b": 1}, running={"a": 1, "b": 1}
+    )
+    capacity.waiting["a"] = 2
+    assert Chooser(capacity).choose(["a", "b"], "m") == "b"
+
+
+def test_a_lease_placed_again_does_not_count_on_the_host_it_leaves():
+    capacity = FakeCapacity(parallel_of={"a": 1, "b": 1})
+    moving = Lease(Key("r", "f", "m"), "a", State.ACTIVE, 0.0, 0.0)
+    leases = {"a": 1, "b": 1}.get
+    assert Chooser(capacity).choose(["b", "a"], "m", leases=leases) == "b"
+    assert Chooser(capacity).choose(["b", "a"], "m", leases=leases, leaving=moving) == "a"
 
 
 def test_full_ties_go_to_config_order():
@@ -81,7 +126,7 @@ async def test_the_table_offers_only_usable_candidates_with_their_counts():
     seen = []
 
     class Spy:
-        def choose(self, candidates, model, leases, peers):
+        def choose(self, candidates, model, leases, peers, need, leaving):
             seen.append((list(candidates), model, [leases(h) for h in candidates], set(peers)))
             return candidates[-1]
 

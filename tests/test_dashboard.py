@@ -47,6 +47,7 @@ async def test_the_dashboard_shows_hosts_leases_events_usage_and_a_chart(crossba
     hosts = element(dom, "hosts")
     assert 'data-host="titan"' in hosts and 'data-host="atlas"' in hosts
     assert "healthy" in hosts and "draining" in hosts and ">undrain<" in hosts
+    assert ">warm cache<" in hosts and " / ? tok, 0 evicted<" in hosts  # its cache truth
     leases = element(dom, "leases")
     assert leases.count("<tr data-lease=") == 2  # convo's conversation and solo's
     assert "convo" in leases and "solo" in leases

@@ -86,6 +86,12 @@ class Capacity:
     def free_slots(self, host: str, model: str) -> int:
         return 4
 
+    def in_flight(self, host: str, model: str) -> int:
+        return 0
+
+    def queued(self, host: str, model: str) -> int:
+        return 0
+
 
 def test_new_conversations_avoid_a_held_host_and_old_ones_go_back_to_it():
     hosts = FakeHosts()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
+from twisted.internet.defer import ensureDeferred
 
 from crossbar.hosts import Hosts
 from crossbar.limiter import Limiter
@@ -241,3 +242,46 @@ def test_discovered_slots_reach_the_limiter_through_a_listener():
     w.rounds(1)
     assert all(d.called for d in held)
     assert limiter.in_flight("titan", "qwen") == 3 and limiter.queued("titan", "qwen") == 0
+
+
+def test_a_reload_probes_the_hosts_it_adds_or_moves_at_once_and_reads_their_slots():
+    w = World()
+    w.http.props(TITAN, 4, 4096)
+    w.rounds(1)
+    vega = "http://vega:8080"
+    w.http.health(vega, 200)
+    w.http.props(vega, 6, 8192)
+    w.http.health("http://titan2:8080", 200)
+    w.http.props("http://titan2:8080", 2, 2048)
+    hosts = {
+        "titan": {"url": "http://titan2:8080", "models": ["qwen"]},  # moved
+        "atlas": {"url": ATLAS, "models": ["qwen"], "parallel": 4, "ctx": 8192},  # as it was
+        "vega": {"url": vega, "models": ["qwen"]},  # added
+    }
+    w.http.calls.clear()
+    w.hosts.reconfigure(config(hosts))
+    assert not w.hosts.knows_parallel("vega", "qwen")
+    assert fired(ensureDeferred(w.hosts.probe_fresh())) == [None]
+    assert sorted(w.http.urls()) == sorted(
+        [vega + "/health", vega + "/props", "http://titan2:8080/health", "http://titan2:8080/props"]
+    )  # atlas, unchanged, waits for its turn in the spread schedule
+    assert w.hosts.parallel("vega", "qwen") == 6 and w.hosts.knows_parallel("vega", "qwen")
+    assert w.hosts.parallel("titan", "qwen") == 2
+    assert fired(ensureDeferred(w.hosts.probe_fresh())) == [None]  # nothing left to probe
+
+
+def test_a_host_down_at_its_first_probe_gets_no_new_leases_but_keeps_its_own():
+    w = World()
+    w.http.health(TITAN, 500)
+    assert not w.hosts.held_down("titan")  # not probed yet: nothing known against it
+    w.rounds(1)
+    # Still healthy (one failed probe of three), so its leases stay where they are, but it
+    # has not answered once since crossbar started: no new conversation goes to it blind.
+    assert w.hosts.healthy("titan") and w.hosts.held_down("titan")
+    assert not w.hosts.held_down("atlas")
+    w.http.health(TITAN, 200)
+    w.rounds(1)
+    assert not w.hosts.held_down("titan")
+    w.http.health(TITAN, 500)
+    w.rounds(1)
+    assert not w.hosts.held_down("titan")  # a later failed probe is the thresholds' business

@@ -14,22 +14,24 @@ AB = ["a", "b"]
 @pytest_twisted.ensureDeferred
 async def test_fifty_concurrent_acquires_of_a_new_key_make_one_lease_on_one_host(store):
     # The first call's write is held, so the other 49 really are waiting while it is in flight.
-    # Once it lands, a holds two leases, so the chooser would pick b for a second lease of K.
+    # Once it lands, a holds a lease, so the chooser would pick b for a second lease of K.
     held = HeldStore(store, hold=lambda save, delete, events: any(x.key == K for x in save))
     table = await make_table(held)
     calls = [ensureDeferred(table.acquire(K, AB, 1.0)) for _ in range(50)]
     assert len(held.held) == 1 and not any(c.called for c in calls)
+    assert table.placing("a", "m") == 1  # K's lease counts for a while it is being written
 
-    # Another key goes straight through while K's write is still held.
+    # Another key goes straight through while K's write is still held, to the other host.
     other = await table.acquire(Key("convo", "f2", "m"), AB, 1.0)
-    assert other == Acquired("a", reused=False, pinned=False)
+    assert other == Acquired("b", reused=False, pinned=False)
     assert len(held.held) == 1 and not any(c.called for c in calls)
 
     held.let_go()
     results = [r for ok, r in await DeferredList(calls, consumeErrors=True) if ok]
     assert results[0] == Acquired("a", reused=False, pinned=False)
     assert results[1:] == [Acquired("a", reused=True, pinned=False)] * 49
-    assert hosts_of(table) == {("convo", "f1", "m"): "a", ("convo", "f2", "m"): "a"}
+    assert hosts_of(table) == {("convo", "f1", "m"): "a", ("convo", "f2", "m"): "b"}
+    assert table.placing("a", "m") == 0
     assert [e for e in await story(store) if e[2] == "f1"] == [("new", "convo", "f1", "", "a")]
     assert len(table._locks) == 0  # every per-key lock is dropped once free
 

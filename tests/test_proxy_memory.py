@@ -5,6 +5,8 @@ import pytest
 from memnet import MODEL, chat, start
 from twisted.internet.defer import ensureDeferred
 
+from crossbar.lease import Key
+
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 CHAT = "/r/convo/v1/chat/completions"
 
@@ -221,15 +223,29 @@ def test_a_call_without_a_conversation_goes_to_the_route_lease_when_there_is_one
     crossbar = start(ROUTES)
     net = crossbar.net
     net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer(b"{}")
-    # An embeddings call has no conversation: it takes (and makes) the route's own lease.
-    first = crossbar.post("/r/convo/v1/embeddings", b'{"input": "x"}')
-    home = first.header(b"X-Crossbar-Host")
-    # Another conversation's lease makes home the busier host: the chooser would pick the other.
+    # The route's own lease (left, say, from when the route had affinity = "route") is on
+    # titan, and a conversation makes titan the busier host: the chooser would pick atlas.
+    home = Key("convo", "", MODEL)
+    ensureDeferred(crossbar.parts.table.acquire(home, ["titan", "atlas"], 1.0))
     crossbar.post(CHAT, chat("a conversation"))
+    assert {k.fp: lease.host for k, lease in crossbar.store.rows.items()}[""] == "titan"
     leases = dict(crossbar.store.rows)
+    # Calls with no conversation go where the route lease is, and record nothing.
     props = crossbar.send("GET", "/r/convo/props")
-    assert props.header(b"X-Crossbar-Host") == home
-    assert crossbar.store.rows == leases  # nothing recorded
+    assert props.header(b"X-Crossbar-Host") == b"titan"
+    embed = crossbar.post("/r/convo/v1/embeddings", b'{"input": "x"}')
+    assert embed.header(b"X-Crossbar-Host") == b"titan"
+    assert crossbar.store.rows == leases
+
+
+def test_an_inference_call_without_a_conversation_makes_no_lease():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer(b"{}")
+    # An embeddings call names no conversation: it goes where a new lease would, makes none.
+    embed = crossbar.post("/r/convo/v1/embeddings", b'{"input": "x"}')
+    assert embed.status == 200 and embed.header(b"X-Crossbar-Lease") == b"new"
+    assert crossbar.store.rows == {} and crossbar.store.events == []
 
 
 def test_a_pinned_route_sends_calls_without_a_conversation_to_its_pin():

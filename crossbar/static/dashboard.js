@@ -93,12 +93,22 @@ function renderHosts(hosts) {
         td(i ? "" : draining(h)),
         td(m.name), td(slots(m), "num"), td(m.queued, "num"),
         td(waiting(m.queued_by_route), "waiting"), td(m.leases, "num"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
+        td(i ? "" : warm(h.cache), "num"),
         td(i ? "" : (h.pinned_routes.join(", ") || "–")),
         td(i ? "" : (h.reason || ""), "muted"), td(i ? "" : drain), td(i ? "" : evacuate(h))));
     });
   }
   fill("hosts", ["host", "health", "draining", "model", "slots in use", "queue", "waiting (by route)",
-                 "leases", "ctx", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+                 "leases", "ctx", "warm cache", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+}
+
+// A host's cache truth: tokens of its active conversations against what it keeps warm, and
+// the reused turns that found their prefix evicted.
+function warm(cache) {
+  if (!cache) return "–";
+  const capacity = cache.warm_capacity === null ? "?" : num(cache.warm_capacity);
+  const text = `${num(cache.active_tokens)} / ${capacity} tok, ${num(cache.evictions)} evicted`;
+  return el("span", { class: cache.evictions ? "bad" : "", title: `kept ${cache.kept_turns} turns` }, text);
 }
 
 // "draining", or an evacuation's progress bar: conversations moved off the host so far.
