@@ -24,10 +24,11 @@ Prints per router: prefill tokens (the sum of llama-server's `timings.prompt_n` 
 or `usage.prompt_tokens` minus `cached_tokens` where a router strips `timings`, said so), their
 ratio to `ideal`, the cached share of turns 2..T (cache_n / (cache_n + prompt_n)), p50/p95 wall
 seconds per turn, the run's wall seconds, the CPU seconds of the router and of the llama-servers
-during the run, and the host each conversation's first turn went to (crossbar says it in
-`X-Crossbar-Host`, smg in `x-smg-routed-worker-id`). A router whose run fails has the error in
-its row; the others still run. Every process's log is kept in a directory printed at the start.
-All ports are taken from 21000-21999. One default sitting takes about 10 minutes on 2 cores.
+during the run; then the host each conversation's first turn went to (crossbar says it in
+`X-Crossbar-Host`, smg in `x-smg-routed-worker-id`, vllm-router nothing: "-") and the turns each
+host served (counted in its log). A router whose run fails has the error in its row; the others
+still run. Every process's log is kept in a directory printed at the start. All ports are taken
+from 21000-21999. One default sitting takes about 3 minutes on 2 quiet cores.
 """
 
 from __future__ import annotations
@@ -334,6 +335,8 @@ class Row:
     hosts_cpu_s: float | None = None
     timings_stripped: bool = False  # some answer had no `timings`: `usage` counted instead
     first_hosts: list[str] = field(default_factory=list)
+    # turns each host served, from its own log: also for a router that does not say where
+    host_turns: dict[str, int] = field(default_factory=dict)
     errors: int = 0
     error: str = ""  # the first error: a turn's, or why the run could not start
     turns: list[TurnResult] = field(default_factory=list)  # in --json only
@@ -397,6 +400,10 @@ def report(rows: list[Row], out: TextIO) -> None:
     for r in rows:
         if r.first_hosts:
             print(f"{r.router}: first turns went to {' '.join(r.first_hosts)}", file=out)
+    for r in rows:
+        if r.host_turns:
+            each = ", ".join(f"{name} {n}" for name, n in r.host_turns.items())
+            print(f"{r.router}: turns per host (the hosts' logs): {each}", file=out)
     for r in rows:
         if r.timings_stripped:
             print(f"{r.router}: answers without `timings`: counted from `usage`", file=out)
@@ -557,6 +564,7 @@ async def run_router(reactor: Any, sitting: Sitting, router: str) -> Row:
         results = await run_workload(reactor, started.target, workload, started.host_of, out)
         wall = reactor.seconds() - began
         after = _cpu(started)
+        served = {f"h{i}": served_turns(p) for i, p in enumerate(started.hosts)}
     except (DemoError, peer_routers.PeerUnavailable) as e:
         return Row(router, workload.conversations * workload.turns, errors=1, error=str(e))
     finally:
@@ -566,11 +574,23 @@ async def run_router(reactor: Any, sitting: Sitting, router: str) -> Row:
         sitting.processes.started.clear()
     row = summarize(router, results, workload)
     row.wall_s = wall
+    if all(n is not None for n in served.values()):
+        row.host_turns = {name: n for name, n in served.items() if n is not None}
     if started.router is not None:
         row.router_cpu_s = after["router"] - before["router"]
     row.hosts_cpu_s = after["hosts"] - before["hosts"]
     print(f"{router}: {row.answered} turns in {wall:.0f} s, prefill {row.prefill:,}", file=out)
     return row
+
+
+def served_turns(host: Process) -> int | None:
+    """How many completions a llama-server logged (one `prompt eval time` line each); None if
+    its log cannot be read."""
+    try:
+        text = host.log.read_text(errors="replace")
+    except OSError:
+        return None
+    return text.count("prompt eval time")
 
 
 def _cpu(started: Started) -> dict[str, float]:
