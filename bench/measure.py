@@ -16,12 +16,12 @@ from twisted.internet import defer, task
 from twisted.internet.interfaces import IConsumer
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseDone
+from twisted.web.client import Agent, ResponseDone
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
 from crossbar.demo.plan import DemoError
-from crossbar.demo.processes import Processes
+from crossbar.demo.processes import Process, Processes
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -92,10 +92,45 @@ def react(run: Callable[[Any], Coroutine[Any, Any, object]]) -> int:
     return 0
 
 
-def with_processes(name: str, body: Callable[[Processes, Path], int]) -> int:
+async def wait_http(
+    reactor: Any,
+    process: Process,
+    url: str,
+    ready: Callable[[int, bytes], bool],
+    seconds: float,
+    what: str = "answer",
+) -> None:
+    """Poll GET `url` (5 times a second, without blocking the reactor) until
+    `ready(status, body)`; DemoError, with the end of its log, if `process` exits first or
+    `seconds` pass (`what` names what it did not do)."""
+    agent = Agent(reactor)
+    deadline = reactor.seconds() + seconds
+    last = "no answer yet"
+    while True:
+        try:
+            response = await agent.request(b"GET", url.encode()).addTimeout(5, reactor)
+            reader = Reader(reactor)
+            response.deliverBody(reader)
+            body = await reader.done
+            last = f"HTTP {response.code}: {body[:200].decode(errors='replace')}"
+            if ready(response.code, body):
+                return
+        except Exception as e:  # refused while it starts
+            last = f"{type(e).__name__}: {e}"
+        if not process.running():
+            raise DemoError(f"{process.name} exited at start; its log:\n{process.log_tail()}")
+        if reactor.seconds() > deadline:
+            raise DemoError(
+                f"{process.name} did not {what} within {seconds:g}s (last GET {url}: {last}); "
+                f"its log:\n{process.log_tail()}"
+            )
+        await task.deferLater(reactor, 0.2, lambda: None)
+
+
+def with_processes(name: str, body: Callable[[Processes, Path], int], keep: bool = False) -> int:
     """Run `body` with the processes of a bench in a new temporary directory, then stop them;
-    the directory goes if `body` returned 0, else it is kept and named (its logs). A process
-    that did not start is said, with its log, as `name`'s error."""
+    the directory goes if `body` returned 0 (unless `keep`), else it is kept and named (its
+    logs). A process that did not start is said, with its log, as `name`'s error."""
     work = Path(tempfile.mkdtemp(prefix=f"crossbar-{name}-"))
     processes = Processes(work, record_pids=False)
     status = 1
@@ -107,7 +142,7 @@ def with_processes(name: str, body: Callable[[Processes, Path], int]) -> int:
         for line in processes.stop():
             if "killed" in line:
                 print(line, file=sys.stderr)
-        if status == 0:
+        if status == 0 and not keep:
             shutil.rmtree(work, ignore_errors=True)
         else:
             print(f"logs and configs kept in {work}", file=sys.stderr)

@@ -1,0 +1,722 @@
+"""How much prompt each router makes real llama-servers prefill: agent conversations over N
+hosts, through crossbar, the peer routers, and two clients that need no router.
+
+    .venv/bin/python bench/real_cache.py [--routers ideal,round-robin,crossbar,smg,vllm-router]
+        [--hosts 3] [--conversations 9] [--turns 5] [--at-once 3] [--order given|reverse]
+        [--crossbar-python .venv/bin/python] [--json]
+
+For each router in turn it starts `--hosts` llama-servers afresh (LLAMA_SERVER and LLAMA_MODEL,
+else `make real`'s build in ~/.cache/crossbar-real; `-np 2 -c 8192 -t 1 --cache-ram 24`), so
+every router meets cold caches, puts the router in front of them and runs the agent workload:
+`--conversations` conversations of `--turns` turns, `--at-once` running at a time, each turn
+the whole conversation so far (a shared ~330-token system prompt, a first user message of its
+own, then each reply and a new user message) as one non-streamed OpenAI `/v1/chat/completions`
+request, `max_tokens` 24 at temperature 0. The routers:
+
+- `ideal`: conversation i straight to host i mod N (no proxy);
+- `round-robin`: each request straight to the next host in turn (the client rotates);
+- `crossbar`: `twistd -n crossbar -c <config>` from `--crossbar-python`'s venv, one route over
+  the hosts, no session header (crossbar fingerprints the conversation), a temporary db;
+- `smg` and `vllm-router`: `--policy cache_aware` (bench/peer_routers.py installs them into
+  ~/.cache/crossbar-peers on first use; one that cannot be installed is skipped, said why).
+
+Prints per router: prefill tokens (the sum of llama-server's `timings.prompt_n` over all turns,
+or `usage.prompt_tokens` minus `cached_tokens` where a router strips `timings`, said so), their
+ratio to `ideal`, the cached share of turns 2..T (cache_n / (cache_n + prompt_n)), p50/p95 wall
+seconds per turn, the run's wall seconds, the CPU seconds of the router and of the llama-servers
+during the run; then the host each conversation's first turn went to (crossbar says it in
+`X-Crossbar-Host`, smg in `x-smg-routed-worker-id`, vllm-router nothing: "-") and the turns each
+host served (counted in its log). A router whose run fails has the error in its row; the others
+still run. Every process's log is kept in a directory printed at the start. All ports are taken
+from 21000-21999. One default sitting takes about 3 minutes on 2 quiet cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+import peer_routers
+from measure import (
+    BytesProducer,
+    Reader,
+    cpu_seconds,
+    percentile,
+    react,
+    wait_http,
+    with_processes,
+)
+from twisted.internet import defer
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.http_headers import Headers
+
+from crossbar.demo.plan import DemoError
+from crossbar.demo.processes import Process, Processes, stop
+
+MODEL = "gemma"
+ROUTE = "bench"
+ROUTERS = ("ideal", "round-robin", "crossbar", "smg", "vllm-router")
+PEERS = ("smg", "vllm-router")
+PORTS = range(21000, 22000)  # this bench's share of the machine's ports
+CACHE = Path.home() / ".cache" / "crossbar-real"
+LLAMA_SERVER = CACHE / "llama.cpp" / "build" / "bin" / "llama-server"
+LLAMA_MODEL = CACHE / "gemma-3-270m-q4_k_m.gguf"
+# As the December 2026 comparison ran them: `--cache-ram 24` (MiB) keeps only a few of this
+# tiny model's conversations per host, as a GPU box keeps only a few long ones of a big model;
+# with the default 8 GiB even round-robin matches the ideal, every host keeping everything.
+LLAMA_ARGS = ("-np", "2", "-c", "8192", "-t", "1", "--cache-ram", "24", "--no-repack")
+START_SECONDS = 120.0  # a llama-server loads this model in a few seconds, slower when busy
+TURN_SECONDS = 300.0  # one answer, queued behind others on a busy 2-core machine
+
+# About 330 tokens for Gemma 3's tokenizer with the chat template's markers (two first turns
+# share 333), the same in every conversation: the prefix a cache-aware router may find anywhere.
+SYSTEM_PROMPT = """\
+You are Forge, a careful coding agent working inside a developer's repository. You read files, \
+run commands and propose small, reviewable changes. Follow these rules in every answer.
+
+1. Before you change anything, say in one sentence what you will change and why. Prefer the \
+smallest change that fixes the problem; never rewrite a module to fix one line.
+2. Keep the existing style of the code: its naming, its formatting, its error handling and its \
+tests. If the project has a style guide, it wins over your habits.
+3. Never invent an API. When you are not sure that a function, flag or option exists, say so and \
+tell the developer how to check, instead of guessing.
+4. Every change comes with a test that fails before it and passes after it, unless the \
+developer says otherwise. Name the test after the rule it checks.
+5. Commands you propose must be safe to run twice. Never delete data, force-push, or touch \
+files outside the repository without asking first.
+6. When a command fails, read its output before trying again; quote the line that matters and \
+say what you think it means.
+7. Keep answers short: the developer reads many of them. Use plain sentences, no marketing \
+words, and code blocks only for code and commands.
+8. Report what you did at the end of each task: the files changed, the tests run and their \
+results, and anything left undone.
+
+The developer uses Linux, Python 3.11, pytest and ruff."""
+
+FIRST_TASKS = (
+    "the retry loop in client.py sleeps even after the last attempt",
+    "the CSV exporter drops rows whose name contains a comma",
+    "the config loader ignores an empty TIMEOUT variable instead of failing",
+    "the cache key for user sessions forgets the tenant id",
+    "the progress bar prints past 100% on files larger than 2 GiB",
+    "the date parser reads 01/02/2024 as February in every locale",
+    "the upload handler keeps the temp file when the client disconnects",
+    "the scheduler runs a cron job twice across a daylight-saving change",
+    "the password reset link never expires",
+)
+NEXT_ASKS = (
+    "Show me the smallest fix.",
+    "Now write the test for it.",
+    "Run the tests: what do you expect to see?",
+    "Summarise what you changed.",
+)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What every router is given: conversations, turns each, how many run at once."""
+
+    conversations: int = 9
+    turns: int = 5
+    at_once: int = 3
+    max_tokens: int = 24
+    system: str = SYSTEM_PROMPT
+
+
+def first_message(conversation: int) -> str:
+    """Conversation `conversation`'s first user message: its own task, so no two share more
+    than the system prompt."""
+    task_ = FIRST_TASKS[conversation % len(FIRST_TASKS)]
+    return f"Task {conversation + 1}: {task_}. Find the cause."
+
+
+def next_message(turn: int) -> str:
+    """The user message of turn `turn` (2..T), after the assistant's last reply."""
+    return NEXT_ASKS[(turn - 2) % len(NEXT_ASKS)]
+
+
+def request_body(workload: Workload, messages: list[dict[str, str]]) -> bytes:
+    """One turn's request: the conversation so far, greedy, short reply, not streamed."""
+    body = {
+        "model": MODEL,
+        "messages": messages,
+        "max_tokens": workload.max_tokens,
+        "temperature": 0,
+        "stream": False,
+    }
+    return json.dumps(body).encode()
+
+
+@dataclass
+class TurnResult:
+    """One turn as the client saw it. `prompt_n`/`cache_n` are the prompt tokens the host
+    processed and read from its cache; `from_timings` False: taken from `usage` instead."""
+
+    conversation: int
+    turn: int  # 1..T
+    seconds: float = 0.0
+    status: int = 0
+    host: str = ""  # where it went, when the router says (or the client chose)
+    prompt_n: int = 0
+    cache_n: int = 0
+    from_timings: bool = True
+    error: str = ""
+
+
+def account(answer: dict[str, Any]) -> tuple[int, int, bool]:
+    """(prompt_n, cache_n, from_timings) of one chat answer: llama-server's `timings`, else
+    `usage` (prompt_tokens less prompt_tokens_details.cached_tokens). ValueError if neither."""
+    timings = answer.get("timings")
+    if isinstance(timings, dict) and "prompt_n" in timings:
+        return int(timings["prompt_n"]), int(timings.get("cache_n", 0)), True
+    usage = answer.get("usage")
+    if not isinstance(usage, dict) or "prompt_tokens" not in usage:
+        raise ValueError(f"an answer with neither timings nor usage: {str(answer)[:200]}")
+    cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
+    return int(usage["prompt_tokens"]) - cached, cached, False
+
+
+# Where one request goes: (conversation, turn) -> the chat completions URL.
+Target = Callable[[int, int], str]
+
+
+def ideal(urls: list[str]) -> Target:
+    """Conversation i to host i mod N, every turn: a router that knows the conversations."""
+    return lambda conversation, _turn: urls[conversation % len(urls)]
+
+
+def round_robin(urls: list[str]) -> Target:
+    """Each request to the next host in turn, whatever conversation it belongs to."""
+    sent = iter(range(sys.maxsize))
+    return lambda _conversation, _turn: urls[next(sent) % len(urls)]
+
+
+def through(url: str) -> Target:
+    """Every request to one router."""
+    return lambda _conversation, _turn: url
+
+
+# Names the host a request went to from its answer's headers and the URL it was sent to.
+HostOf = Callable[[Headers, str], str]
+
+
+def sent_to(names: dict[str, str]) -> HostOf:
+    """The host is the URL the client picked (straight to the hosts): its name in `names`."""
+    return lambda _headers, url: names.get(url, url)
+
+
+def header_host(header: bytes, names: dict[str, str]) -> HostOf:
+    """The router says where it sent the request in `header` (a name, or a host URL that
+    `names` maps from its base URL to a name)."""
+
+    def host_of(headers: Headers, _url: str) -> str:
+        value = (headers.getRawHeaders(header) or [b""])[0].decode(errors="replace")
+        return names.get(value.rstrip("/"), value)
+
+    return host_of
+
+
+async def run_workload(
+    reactor: Any,
+    target: Target,
+    workload: Workload,
+    host_of: HostOf,
+    progress: TextIO | None = None,
+) -> list[TurnResult]:
+    """Every conversation of `workload`, `at_once` at a time, each turn sent once the last
+    one's answer is in; a conversation whose turn fails (not 200, no reply, no token counts)
+    ends there, with that turn's error. The results in (conversation, turn) order."""
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = workload.at_once
+    pool.retryAutomatically = False
+    agent = Agent(reactor, pool=pool)
+    results: list[TurnResult] = []
+    gate = defer.DeferredSemaphore(workload.at_once)
+
+    async def conversation(i: int) -> None:
+        messages = [
+            {"role": "system", "content": workload.system},
+            {"role": "user", "content": first_message(i)},
+        ]
+        for turn in range(1, workload.turns + 1):
+            if turn > 1:
+                messages.append({"role": "user", "content": next_message(turn)})
+            result = TurnResult(i, turn)
+            results.append(result)
+            url = target(i, turn)
+            reply = await one_turn(reactor, agent, url, workload, messages, host_of, result)
+            if reply is None:
+                break
+            messages.append({"role": "assistant", "content": reply})
+        if progress is not None:
+            done = sum(1 for r in results if r.status)
+            print(
+                f"    conversation {i + 1} ended ({done} turns so far)", file=progress, flush=True
+            )
+
+    try:
+        await defer.gatherResults(
+            [
+                defer.ensureDeferred(gate.run(conversation, i))
+                for i in range(workload.conversations)
+            ],
+            consumeErrors=True,
+        )
+    finally:
+        await pool.closeCachedConnections()
+    return sorted(results, key=lambda r: (r.conversation, r.turn))
+
+
+async def one_turn(
+    reactor: Any,
+    agent: Agent,
+    url: str,
+    workload: Workload,
+    messages: list[dict[str, str]],
+    host_of: HostOf,
+    result: TurnResult,
+) -> str | None:
+    """Send one turn and fill `result`; the reply's text, or None (and `result.error`)."""
+    headers = Headers({b"Content-Type": [b"application/json"]})
+    body = BytesProducer(request_body(workload, messages))
+    started = reactor.seconds()
+    try:
+        response = await agent.request(b"POST", url.encode(), headers, body).addTimeout(
+            TURN_SECONDS, reactor
+        )
+        reader = Reader(reactor)
+        response.deliverBody(reader)
+        data = await reader.done.addTimeout(TURN_SECONDS, reactor)
+    except Exception as e:
+        result.seconds = reactor.seconds() - started
+        result.error = f"{type(e).__name__}: {e}"
+        return None
+    result.seconds = reactor.seconds() - started
+    result.status = response.code
+    result.host = host_of(response.headers, url)
+    if response.code != 200:
+        result.error = f"HTTP {response.code}: {data[:200].decode(errors='replace')}"
+        return None
+    try:
+        answer = json.loads(data)
+        reply = answer["choices"][0]["message"]["content"]
+        result.prompt_n, result.cache_n, result.from_timings = account(answer)
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        text = data[:200].decode(errors="replace")
+        result.error = f"bad answer ({type(e).__name__}: {e}): {text}"
+        return None
+    return str(reply)
+
+
+@dataclass
+class Row:
+    """One router's numbers in a sitting; seconds are wall or CPU seconds."""
+
+    router: str
+    expected: int = 0  # turns the workload has
+    answered: int = 0  # turns answered 200 with token counts
+    prefill: int = 0  # prompt tokens the hosts processed (not from cache)
+    cached: int = 0
+    ratio: float | None = None  # prefill / ideal's
+    later_cached_share: float | None = None  # turns 2..T
+    p50_s: float = 0.0
+    p95_s: float = 0.0
+    wall_s: float = 0.0
+    router_cpu_s: float | None = None
+    hosts_cpu_s: float | None = None
+    timings_stripped: bool = False  # some answer had no `timings`: `usage` counted instead
+    first_hosts: list[str] = field(default_factory=list)
+    # turns each host served, from its own log: also for a router that does not say where
+    host_turns: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    error: str = ""  # the first error: a turn's, or why the run could not start
+    turns: list[TurnResult] = field(default_factory=list)  # in --json only
+
+
+def summarize(router: str, results: list[TurnResult], workload: Workload) -> Row:
+    """The row of one router's turns (wall and CPU seconds are the caller's)."""
+    good = [r for r in results if r.status == 200 and not r.error]
+    later = [r for r in good if r.turn > 1]
+    later_total = sum(r.cache_n + r.prompt_n for r in later)
+    seconds = [r.seconds for r in good]
+    failed = [r for r in results if r.error]
+    firsts = {r.conversation: r.host or "-" for r in results if r.turn == 1}
+    return Row(
+        router,
+        expected=workload.conversations * workload.turns,
+        answered=len(good),
+        prefill=sum(r.prompt_n for r in good),
+        cached=sum(r.cache_n for r in good),
+        later_cached_share=sum(r.cache_n for r in later) / later_total if later_total else None,
+        p50_s=percentile(seconds, 50),
+        p95_s=percentile(seconds, 95),
+        timings_stripped=any(not r.from_timings for r in good),
+        first_hosts=[firsts[c] for c in sorted(firsts)],
+        errors=len(failed),
+        error=failed[0].error if failed else "",
+        turns=results,
+    )
+
+
+def with_ratios(rows: list[Row]) -> list[Row]:
+    """Each row's prefill over `ideal`'s, when ideal ran whole."""
+    base = next((r for r in rows if r.router == "ideal" and not r.errors and r.prefill), None)
+    for row in rows:
+        row.ratio = row.prefill / base.prefill if base is not None and row.answered else None
+    return rows
+
+
+def report(rows: list[Row], out: TextIO) -> None:
+    """The rows as an aligned table, then each router's first-turn hosts and notes."""
+    head = (
+        f"{'router':<13}{'prefill':>9}{'x ideal':>9}{'later cached':>14}{'p50 s':>8}{'p95 s':>8}"
+        f"{'wall s':>8}{'router cpu s':>14}{'hosts cpu s':>13}{'answered':>10}"
+    )
+    print(head, file=out)
+    print("-" * len(head), file=out)
+
+    def num(value: float | None, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    for r in rows:
+        share = num(None if r.later_cached_share is None else 100 * r.later_cached_share, ".0f")
+        print(
+            f"{r.router:<13}{r.prefill:>9,}{num(r.ratio, '.2f'):>9}"
+            f"{share + ('%' if share != '-' else ''):>14}{r.p50_s:>8.2f}{r.p95_s:>8.2f}"
+            f"{r.wall_s:>8.1f}{num(r.router_cpu_s, '.2f'):>14}{num(r.hosts_cpu_s, '.1f'):>13}"
+            f"{f'{r.answered}/{r.expected}':>10}",
+            file=out,
+        )
+    print(file=out)
+    for r in rows:
+        if r.first_hosts:
+            print(f"{r.router}: first turns went to {' '.join(r.first_hosts)}", file=out)
+    for r in rows:
+        if r.host_turns:
+            each = ", ".join(f"{name} {n}" for name, n in r.host_turns.items())
+            print(f"{r.router}: turns per host (the hosts' logs): {each}", file=out)
+    for r in rows:
+        if r.timings_stripped:
+            print(f"{r.router}: answers without `timings`: counted from `usage`", file=out)
+        if r.error:
+            print(f"{r.router}: {r.errors} error(s), the first: {r.error}", file=out)
+
+
+class PortPicker:
+    """Ports from this bench's range, each checked free and never handed out twice in a
+    sitting (a port a router just left may still be in TIME_WAIT)."""
+
+    def __init__(self, ports: range = PORTS) -> None:
+        self._next: Iterator[int] = iter(ports)
+
+    def take(self, n: int) -> list[int]:
+        taken: list[int] = []
+        for port in self._next:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            taken.append(port)
+            if len(taken) == n:
+                return taken
+        raise DemoError(f"fewer than {n} free ports left in {PORTS.start}-{PORTS.stop - 1}")
+
+
+CROSSBAR_CONFIG = """\
+[server]
+listen = "tcp:{listen}:interface=127.0.0.1"
+admin_listen = "tcp:{admin}:interface=127.0.0.1"
+db = "{db}"
+default_route = "{route}"
+shutdown_grace = "1s"
+
+{hosts}
+[routes.{route}]
+hosts = [{names}]
+default_model = "{model}"
+"""
+
+
+@dataclass
+class Sitting:
+    """What every router's run shares: the command line, the processes, the log directory."""
+
+    args: argparse.Namespace
+    processes: Processes
+    work: Path
+    progress: TextIO
+    skipped: dict[str, str]  # peer routers that could not be installed, and why
+    load_before: tuple[float, float, float]
+    ports: PortPicker = field(default_factory=PortPicker)
+    runs: int = 0
+
+
+@dataclass
+class Started:
+    """A router in front of fresh hosts, ready for work."""
+
+    target: Target
+    host_of: HostOf
+    router: Process | None  # None: the client picks the host itself
+    hosts: list[Process]
+
+
+async def start_hosts(reactor: Any, sitting: Sitting, router: str) -> dict[str, str]:
+    """`--hosts` fresh llama-servers, each answering GET /health 200; name -> base URL."""
+    args = sitting.args
+    urls = {}
+    for i, port in enumerate(sitting.ports.take(args.hosts)):
+        argv = [args.llama_server, "-m", args.llama_model, *LLAMA_ARGS]
+        argv += ["--no-webui", "--alias", MODEL, "--host", "127.0.0.1", "--port", str(port)]
+        sitting.processes.start(f"{sitting.runs:02d}-{router}-h{i}", argv)
+        urls[f"h{i}"] = f"http://127.0.0.1:{port}"
+    hosts = sitting.processes.started[-args.hosts :]
+    for process, url in zip(hosts, urls.values(), strict=True):
+        await wait_http(
+            reactor, process, f"{url}/health", lambda s, _b: s == 200, START_SECONDS, "load"
+        )
+    return urls
+
+
+async def start_router(reactor: Any, sitting: Sitting, router: str) -> Started:
+    """Fresh hosts and `router` in front of them, both ready."""
+    urls = await start_hosts(reactor, sitting, router)
+    hosts = sitting.processes.started[-len(urls) :]
+    chat = {name: f"{url}/v1/chat/completions" for name, url in urls.items()}
+    names = {url: name for name, url in urls.items()}
+    straight = sent_to({c: name for name, c in chat.items()})
+    if router == "ideal":
+        return Started(ideal(list(chat.values())), straight, None, hosts)
+    if router == "round-robin":
+        return Started(round_robin(list(chat.values())), straight, None, hosts)
+    if router == "crossbar":
+        process, url = await start_crossbar(reactor, sitting, urls)
+        return Started(through(url), header_host(b"X-Crossbar-Host", names), process, hosts)
+    port, prometheus = sitting.ports.take(2)
+    label = f"{sitting.runs:02d}-{router}"
+    process = peer_routers.launch(
+        sitting.processes, router, port, list(urls.values()), "cache_aware", prometheus, label=label
+    )
+    base = f"http://127.0.0.1:{port}"
+    await peer_routers.wait_ready(reactor, process, base, len(urls))
+    # smg names the worker it chose; vllm-router says nothing
+    host_of = header_host(b"x-smg-routed-worker-id", names)
+    return Started(through(f"{base}/v1/chat/completions"), host_of, process, hosts)
+
+
+async def start_crossbar(
+    reactor: Any, sitting: Sitting, urls: dict[str, str]
+) -> tuple[Process, str]:
+    """crossbar under twistd (from `--crossbar-python`'s venv) over `urls`, once it finds
+    every host healthy; the process and the route's chat completions URL."""
+    listen, admin = sitting.ports.take(2)
+    hosts = "".join(
+        f'[hosts.{name}]\nurl = "{url}"\nmodels = ["{MODEL}"]\n\n' for name, url in urls.items()
+    )
+    config = sitting.work / f"{sitting.runs:02d}-crossbar.toml"
+    config.write_text(
+        CROSSBAR_CONFIG.format(
+            listen=listen,
+            admin=admin,
+            db=sitting.work / f"{sitting.runs:02d}-crossbar.db",
+            route=ROUTE,
+            hosts=hosts,
+            names=", ".join(f'"{name}"' for name in urls),
+            model=MODEL,
+        )
+    )
+    twistd = str(Path(sitting.args.crossbar_python).parent / "twistd")
+    argv = [twistd, "-n", "--pidfile=", "crossbar", "-c", str(config)]
+    process = sitting.processes.start(f"{sitting.runs:02d}-crossbar", argv)
+
+    def all_healthy(status: int, body: bytes) -> bool:
+        hosts = json.loads(body)["hosts"] if status == 200 else []
+        return len(hosts) == len(urls) and all(h.get("healthy") for h in hosts)
+
+    admin_url = f"http://127.0.0.1:{admin}/api/hosts"
+    await wait_http(
+        reactor, process, admin_url, all_healthy, START_SECONDS, "find every host healthy"
+    )
+    return process, f"http://127.0.0.1:{listen}/r/{ROUTE}/v1/chat/completions"
+
+
+async def run_router(reactor: Any, sitting: Sitting, router: str) -> Row:
+    """One router's run, from fresh hosts to its row; its processes stopped after."""
+    args, out = sitting.args, sitting.progress
+    sitting.runs += 1
+    workload = Workload(args.conversations, args.turns, args.at_once)
+    print(f"{router}: starting {args.hosts} llama-servers", file=out, flush=True)
+    try:
+        started = await start_router(reactor, sitting, router)
+        before = _cpu(started)
+        began = reactor.seconds()
+        print(f"{router}: running {workload.conversations} conversations", file=out, flush=True)
+        results = await run_workload(reactor, started.target, workload, started.host_of, out)
+        wall = reactor.seconds() - began
+        after = _cpu(started)
+        served = {f"h{i}": served_turns(p) for i, p in enumerate(started.hosts)}
+    except (DemoError, peer_routers.PeerUnavailable) as e:
+        return Row(router, workload.conversations * workload.turns, errors=1, error=str(e))
+    finally:
+        for line in stop(list(reversed(sitting.processes.started))):
+            if "killed" in line:
+                print(line, file=out)
+        sitting.processes.started.clear()
+    row = summarize(router, results, workload)
+    row.wall_s = wall
+    if all(n is not None for n in served.values()):
+        row.host_turns = {name: n for name, n in served.items() if n is not None}
+    if started.router is not None:
+        row.router_cpu_s = after["router"] - before["router"]
+    row.hosts_cpu_s = after["hosts"] - before["hosts"]
+    print(f"{router}: {row.answered} turns in {wall:.0f} s, prefill {row.prefill:,}", file=out)
+    return row
+
+
+def served_turns(host: Process) -> int | None:
+    """How many completions a llama-server logged (one `prompt eval time` line each); None if
+    its log cannot be read."""
+    try:
+        text = host.log.read_text(errors="replace")
+    except OSError:
+        return None
+    return text.count("prompt eval time")
+
+
+def _cpu(started: Started) -> dict[str, float]:
+    """CPU seconds so far of the router process and of all hosts together."""
+    hosts = sum(cpu_seconds(p.pid) for p in started.hosts)
+    router = cpu_seconds(started.router.pid) if started.router is not None else 0.0
+    return {"router": router, "hosts": hosts}
+
+
+def crossbar_checkout(python: str) -> str:
+    """Where `python` imports crossbar from (which checkout runs), or why it cannot."""
+    code = "import crossbar, os; print(os.path.dirname(os.path.dirname(crossbar.__file__)))"
+    try:
+        # from / so that the current directory's checkout does not answer for it
+        done = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/"
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    return done.stdout.strip() if done.returncode == 0 else f"none ({done.stderr.strip()[-200:]})"
+
+
+async def run_sitting(reactor: Any, sitting: Sitting) -> None:
+    """Every chosen router in order, then the table; exit status 1 if any router failed."""
+    args, out = sitting.args, sitting.progress
+    stopping: list[bool] = []  # Ctrl-C or SIGTERM: the reactor is on its way out
+    reactor.addSystemEventTrigger("before", "shutdown", stopping.append, True)
+    ran = []
+    for router in args.routers:
+        if stopping:
+            print(f"interrupted: {router} and the routers after it not run", file=out)
+            break
+        if router not in sitting.skipped:
+            ran.append(await run_router(reactor, sitting, router))
+    rows = with_ratios(sorted(ran, key=lambda r: ROUTERS.index(r.router)))
+    if args.json:
+        document = {
+            "workload": {
+                "conversations": args.conversations,
+                "turns": args.turns,
+                "at_once": args.at_once,
+                "max_tokens": Workload.max_tokens,
+                "hosts": args.hosts,
+            },
+            "order": [r.router for r in ran],
+            "skipped": sitting.skipped,
+            "load_before": sitting.load_before,
+            "logs": str(sitting.work),
+            "rows": [asdict(r) for r in rows],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(file=out)
+        report(rows, out)
+        for name, reason in sitting.skipped.items():
+            print(f"{name}: skipped ({reason})", file=out)
+    if any(r.error for r in rows):
+        raise SystemExit(1)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line; `--routers` is a comma-separated list of ROUTERS."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--routers", default=",".join(ROUTERS), help="comma-separated, of: %(default)s")
+    p.add_argument("--hosts", type=int, default=3, help="llama-servers per router")
+    p.add_argument("--conversations", type=int, default=9)
+    p.add_argument("--turns", type=int, default=5, help="turns per conversation")
+    p.add_argument("--at-once", type=int, default=3, help="conversations running at a time")
+    p.add_argument(
+        "--order",
+        choices=("given", "reverse"),
+        default="given",
+        help="run the routers in --routers' order or reversed (alternate between sittings)",
+    )
+    p.add_argument(
+        "--crossbar-python",
+        default=sys.executable,
+        help="the Python of the venv whose twistd runs crossbar (default: this one)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    args = p.parse_args(argv)
+    args.routers = [r.strip() for r in args.routers.split(",") if r.strip()]
+    unknown = sorted(set(args.routers) - set(ROUTERS))
+    if unknown or not args.routers:
+        p.error(f"--routers: unknown {', '.join(unknown) or '(none given)'}; known: {ROUTERS}")
+    if args.order == "reverse":
+        args.routers.reverse()
+    if min(args.hosts, args.conversations, args.turns, args.at_once) < 1:
+        p.error("--hosts, --conversations, --turns and --at-once must be at least 1")
+    args.llama_server = os.environ.get("LLAMA_SERVER") or str(LLAMA_SERVER)
+    args.llama_model = os.environ.get("LLAMA_MODEL") or str(LLAMA_MODEL)
+    for what, path in (("LLAMA_SERVER", args.llama_server), ("LLAMA_MODEL", args.llama_model)):
+        if not Path(path).is_file():
+            p.error(f"{what}: no {path} (run `make real`, or set {what})")
+    if "crossbar" in args.routers and not (Path(args.crossbar_python).parent / "twistd").exists():
+        p.error(f"--crossbar-python: no twistd beside {args.crossbar_python}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Install the peers asked for, then run one sitting in this process's reactor."""
+    args = parse_args(argv)
+    out = sys.stderr if args.json else sys.stdout
+    load_before = os.getloadavg()
+    skipped = {}
+    for name in (r for r in args.routers if r in PEERS):
+        try:
+            peer_routers.ensure_installed(name)
+        except peer_routers.PeerUnavailable as e:
+            skipped[name] = str(e)
+            print(f"skipping {name}: {e}", file=out, flush=True)
+    load = " ".join(f"{x:.2f}" for x in load_before)
+    print(f"load average before: {load}; {os.cpu_count()} cores", file=out)
+    if "crossbar" in args.routers:
+        print(f"crossbar from {crossbar_checkout(args.crossbar_python)}", file=out)
+
+    def body(processes: Processes, work: Path) -> int:
+        print(f"logs of every process in {work}", file=out, flush=True)
+        sitting = Sitting(args, processes, work, out, skipped, load_before)
+        began = time.monotonic()
+        status = react(lambda reactor: run_sitting(reactor, sitting))
+        print(f"the sitting took {time.monotonic() - began:.0f} s", file=out)
+        return status
+
+    return with_processes("real-cache", body, keep=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
