@@ -17,13 +17,13 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from crossbar import admin_auth
 from crossbar.admin_actions import AdminActions, ReloadRefused
+from crossbar.admin_facts import route_facts
 from crossbar.admin_http import MAX_BODY, api, app, arg, json_answer, limit_arg
 from crossbar.admin_pages import ROUTE_SORTS, LeaseFilter, lease_page, route_page
 from crossbar.admin_views import (
     USAGE_SORTS,
     host_rows,
     lease_row,
-    route_facts,
     route_rows,
     since_arg,
     top_usage,

@@ -13,26 +13,22 @@ went meanwhile.
 from __future__ import annotations
 
 import base64
-import functools
 import heapq
 import json
-import re
 from bisect import bisect_left
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from attrs import frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
+from crossbar.admin_facts import RouteFacts, natural
 from crossbar.config import Config
 from crossbar.errors import bad_request
 from crossbar.lease import Lease, Table
 from crossbar.lease_types import Key
 from crossbar.route import Route
-
-if TYPE_CHECKING:
-    from crossbar.admin_views import RouteFacts
 
 CHUNK = 1000  # keys scanned per turn of the reactor (1-2 ms on a busy 2-core VM)
 Start = tuple[str, str, str]  # a cursor's key: the page begins after it
@@ -180,13 +176,6 @@ async def _scanned_page(
 
 
 ROUTE_SORTS = ("name", "requests", "leases")
-
-
-@functools.lru_cache(maxsize=65536)
-def natural(name: str) -> tuple[Any, ...]:
-    """A sort key putting team-2 before team-10 (remembered: a thousand routes are sorted on
-    every refresh of the dashboard)."""
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
 def _is_offset(value: Any) -> bool:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from attrs import frozen
-
-from crossbar.admin_pages import natural
+from crossbar.admin_facts import RouteFacts
 from crossbar.config import Config
 from crossbar.errors import bad_request
 from crossbar.hosts import Hosts
@@ -47,38 +45,6 @@ def lease_row(lease: Lease, now: float) -> dict[str, Any]:
         "last_used": lease.last_used,
         "idle_for": max(0.0, now - lease.last_used),
     }
-
-
-@frozen
-class RouteFacts:
-    """What every route's place in a page needs, gathered once per answer: the routes in
-    order (configured ones in config order, then the rest in natural order), their leases per
-    host, requests, pins and limiter state."""
-
-    names: list[str]
-    by_host: dict[str, dict[str, int]]
-    requests: dict[str, int]
-    pins: dict[str, str]
-    active: dict[str, RouteState]
-
-    def leases(self, name: str) -> int:
-        return sum(self.by_host.get(name, {}).values())
-
-
-def route_facts(
-    config: Config, table: Table, usage: list[dict[str, Any]], limiter: Limiter
-) -> RouteFacts:
-    """The concrete routes, then every other route seen: a route from a template, or one the
-    config no longer serves, that holds leases, a pin, usage, or requests in the limiter.
-    Lease counts come from the table's counters, so this costs per route, not per lease."""
-    by_host = table.leases_by_route()
-    pins = table.pins()
-    requests = {row["route"]: row["requests"] for row in usage}
-    active = limiter.routes()
-    seen = set(by_host) | set(pins) | set(requests)
-    seen |= {name for name in active if name}  # "": requests that named no route
-    names = list(config.routes) + sorted(seen - set(config.routes), key=natural)
-    return RouteFacts(names, by_host, requests, pins, active)
 
 
 def route_rows(config: Config, facts: RouteFacts, names: list[str]) -> list[dict[str, Any]]:

@@ -4,33 +4,21 @@
 sharing it in WAL mode) or a PostgreSQL URL (`postgresql://user:pass@host:5432/db`, query
 options such as `sslmode` passed through): several machines. The store writes the same SQL
 to both; a `Backend` says how to connect, how to mark parameters, how to begin a write, and
-the few expressions that differ. A URL's password never leaves this module: `redact` is what
-logs, errors, `crossbar check` and the admin API show.
+the few expressions that differ. A URL's password never leaves the store: `redact` (redaction.py)
+is what logs, errors, `crossbar check` and the admin API show.
 """
 
 from __future__ import annotations
 
 import sqlite3
 from typing import Any
-from urllib.parse import urlsplit
 
 from attrs import frozen
 from twisted.enterprise.adbapi import ConnectionLost, ConnectionPool
 
-from crossbar.redaction import hide_password
+from crossbar.redaction import is_postgres
 
 BUSY_TIMEOUT_MS = 5000  # another process (a backup, another crossbar) may hold SQLite's lock
-_POSTGRES_SCHEMES = ("postgresql", "postgres")
-
-
-def is_postgres(db: str) -> bool:
-    """True when `db` is a PostgreSQL URL."""
-    return urlsplit(db).scheme in _POSTGRES_SCHEMES
-
-
-def redact(db: str) -> str:
-    """`db` with any password replaced by `***`: what may be shown anywhere."""
-    return hide_password(db) if is_postgres(db) else db
 
 
 def _postgres_errors() -> tuple[type[BaseException], ...]:

@@ -11,8 +11,8 @@ from attrs import field, frozen
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.testing import MemoryReactor
 
-from crossbar.backends import redact
 from crossbar.config_fields import NAME, Errors, Section, quote, type_name
+from crossbar.redaction import redact
 from crossbar.route import Route, Template, check_route_links, read_routes, read_templates
 
 _RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them each time)

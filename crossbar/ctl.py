@@ -10,120 +10,13 @@ import argparse
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
-from urllib.error import HTTPError, URLError
-from urllib.parse import quote, urlencode
-from urllib.request import Request, urlopen
 
-DEFAULT_ADMIN = "http://127.0.0.1:8081"
+from crossbar.ctl_client import DEFAULT_ADMIN, AdminClient, CtlError, seg
+from crossbar.ctl_format import ago, table, when
+
 USAGE_BY = ("route", "host", "model")
-
-
-class CtlError(Exception):
-    """What went wrong, in one line for the operator (more lines for a refused reload)."""
-
-
-class AdminClient:
-    """Calls crossbar's admin API at `base` with an optional bearer `token`."""
-
-    def __init__(self, base: str, token: str = "", timeout: float = 30.0) -> None:
-        self.base = base.rstrip("/")
-        self.token = token
-        self.timeout = timeout
-
-    def call(self, method: str, path: str, body: Any = None, **query: Any) -> Any:
-        """The JSON answer of one request; CtlError when it fails."""
-        params = {k: v for k, v in query.items() if v is not None}
-        url = self.base + path + (f"?{urlencode(params)}" if params else "")
-        headers = {"Accept": "application/json"}
-        data = None
-        if body is not None:
-            data = json.dumps(body).encode()
-            headers["Content-Type"] = "application/json"
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
-        request = Request(url, data=data, headers=headers, method=method)
-        try:
-            with urlopen(request, timeout=self.timeout) as response:
-                return json.loads(response.read() or b"null")
-        except HTTPError as e:
-            raise CtlError(_explain(e)) from None
-        except URLError as e:
-            raise CtlError(f"{self._unreachable}: {e.reason}") from None
-        except (TimeoutError, ConnectionError) as e:
-            raise CtlError(f"{self._unreachable}: {e}") from None
-        except ValueError:
-            raise CtlError(f"{url} did not answer JSON; is it crossbar's admin port?") from None
-
-    @property
-    def _unreachable(self) -> str:
-        return f"cannot reach crossbar's admin API at {self.base}"
-
-
-def _explain(e: HTTPError) -> str:
-    try:
-        error = json.loads(e.read())["error"]
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {e.code} from {e.url}"
-    lines = error.get("errors")
-    if lines:  # a refused reload: every problem on its own line
-        return f"{e.code}: config refused; the old config stays:\n" + "\n".join(
-            f"  {line}" for line in lines
-        )
-    return f"{e.code}: {error.get('message', '')}"
-
-
-# -- tables ----------------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Columns padded to their widest cell; numbers right-aligned."""
-    cells = [[_cell(v) for v in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    numeric = [bool(rows) and all(_is_number(r[i]) for r in rows) for i in range(len(headers))]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            v.rjust(w) if num else v.ljust(w)
-            for v, w, num in zip(values, widths, numeric, strict=True)
-        ).rstrip()
-
-    return "\n".join([line(headers), *(line(r) for r in cells)])
-
-
-def _is_number(v: Any) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool)
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        return f"{v:.3g}" if v < 1 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return str(v)
-
-
-def ago(seconds: float) -> str:
-    """5s, 12m, 3.5h, 2.0d."""
-    if seconds < 90:
-        return f"{seconds:.0f}s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f}m"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
-
-
-def when(at: float) -> str:
-    """Seconds since the epoch as local time."""
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
-
 
 # -- subcommands -----------------------------------------------------------------------------
 # Each returns (the API's JSON, the text for people).
@@ -194,7 +87,7 @@ def _paging(p: argparse.ArgumentParser, what: str) -> None:
 
 
 def _pin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("PUT", f"/api/routes/{_seg(a.route)}/pin", {"host": a.host})
+    answer = c.call("PUT", f"/api/routes/{seg(a.route)}/pin", {"host": a.host})
     text = f"route {a.route} pinned to {a.host}"
     if not answer.get("healthy", True):
         text += f" (warning: {a.host} is unhealthy; the route's requests get 503 until it is back)"
@@ -202,7 +95,7 @@ def _pin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _unpin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("DELETE", f"/api/routes/{_seg(a.route)}/pin")
+    answer = c.call("DELETE", f"/api/routes/{seg(a.route)}/pin")
     was = answer.get("unpinned")
     if was is None:
         return answer, f"route {a.route} was not pinned"
@@ -210,17 +103,17 @@ def _unpin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _release(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("DELETE", f"/api/routes/{_seg(a.route)}/leases")
+    answer = c.call("DELETE", f"/api/routes/{seg(a.route)}/leases")
     return answer, f"released {answer['released']} lease(s) of route {a.route}"
 
 
 def _drain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("POST", f"/api/hosts/{_seg(a.host)}/drain")
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/drain")
     return answer, f"host {a.host} is draining: it keeps its leases and gets no new ones"
 
 
 def _undrain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("DELETE", f"/api/hosts/{_seg(a.host)}/drain")
+    answer = c.call("DELETE", f"/api/hosts/{seg(a.host)}/drain")
     return answer, f"host {a.host} takes new leases again"
 
 
@@ -277,10 +170,6 @@ def _instances(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     heads = ["INSTANCE", "STATE", "ADDRESS", "VERSION", "CONFIG", "STARTED", "HEARTBEAT",
              "IN_FLIGHT"]  # fmt: skip
     return answer, table(heads, rows) + "\n(* the instance that answered)"
-
-
-def _seg(name: str) -> str:
-    return quote(name, safe="")
 
 
 # -- the parser ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from crossbar.ctl import AdminClient, CtlError
+from crossbar.ctl_client import AdminClient, CtlError, seg
 
 POLL = 0.5  # seconds between looks at the progress
 
@@ -42,9 +42,8 @@ def _evacuation(c: AdminClient, host: str) -> dict[str, Any]:
 
 def evacuate(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     """Start the evacuation of `a.host`; unless `a.no_wait`, follow it to its end."""
-    from crossbar.ctl import _seg
 
-    answer = c.call("POST", f"/api/hosts/{_seg(a.host)}/evacuate")
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/evacuate")
     e = answer["evacuation"]
     if a.no_wait or getattr(a, "json", False):
         return answer, progress(a.host, e)

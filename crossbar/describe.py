@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from crossbar.backends import redact
 from crossbar.config import Config, HostConfig
-from crossbar.redaction import hide_password
+from crossbar.redaction import hide_password, redact
 from crossbar.route import Route
 from crossbar.units import format_duration, format_size
 

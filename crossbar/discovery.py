@@ -13,7 +13,7 @@ from twisted.logger import Logger
 from crossbar.health import Prober, failure_reason
 
 if TYPE_CHECKING:
-    from crossbar.hosts import HostEntry
+    from crossbar.host_entry import HostEntry
 
 
 async def discover(

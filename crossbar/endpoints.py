@@ -18,6 +18,8 @@ from twisted.web.client import BrowserLikePolicyForHTTPS
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from crossbar.config import HostConfig
+
 
 def no_delay(transport: Any) -> None:
     """TCP_NODELAY on `transport` when it is TCP (not a UNIX socket, not a test's memory)."""
@@ -105,3 +107,9 @@ class CountingEndpoints:
 
     def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
         return _Counted(self._inner.endpointForURI(uri), self)
+
+
+def authorization(host: HostConfig) -> dict[str, str]:
+    """The header that authenticates crossbar to the host: its `api_key` as a Bearer token.
+    Every request to the host carries it: proxied ones, probes, discovery, token counts."""
+    return {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}

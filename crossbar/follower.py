@@ -47,10 +47,10 @@ class Follower:
     `since` is the change number read before the table loaded its leases."""
 
     def __init__(
-        self, store: ChangeLog, table: LeaseMemory, hosts: Draining, instance: str, since: int
+        self, store: ChangeLog, memory: LeaseMemory, hosts: Draining, instance: str, since: int
     ) -> None:
         self._store = store
-        self._table = table
+        self._memory = memory
         self._hosts = hosts
         self._instance = instance
         self.seen = since  # the last change number applied
@@ -72,14 +72,14 @@ class Follower:
                 self._apply(row)
                 applied += 1
             self.seen = row.id
-        self._table.caught_up(self.seen)
+        self._memory.caught_up(self.seen)
         self.applied += applied
         return applied
 
     def _apply(self, row: ChangeRow) -> None:
         if row.kind == "lease":
             key = Key(row.route, row.fp, row.model)
-            self._table.apply_remote(row.lease(), key, row.id)
+            self._memory.apply_remote(row.lease(), key, row.id)
         elif row.kind == "drain":
             self._hosts.remote_draining(row.route, bool(row.host))
 
@@ -94,6 +94,6 @@ class Follower:
             seen=self.seen,
             n=len(leases),
         )
-        self._table.replace_all(leases)
+        self._memory.replace_all(leases)
         self._hosts.replace_draining(draining)
         self.seen = since

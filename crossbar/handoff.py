@@ -5,8 +5,9 @@ cache, and see whether it paid off.
 then moves its lease there (reason "evacuate" or "rebalance"). A turn of that conversation
 arriving meanwhile waits for the move (at most `server.prewarm_timeout`, then it goes at once
 to wherever its lease is), and is answered exactly once either way. The proxy tells this
-module of every inference turn (`turn`): which conversations have a request in flight (a
-rebalance never moves those), and, once a turn has been answered, its body for the store.
+module of every inference turn (it is the proxy's TurnGate): it waits for a move under way,
+says which conversations have a request in flight (a rebalance never moves those), and, once a
+turn has been answered, hands over its body for the store.
 The first turn of a moved conversation on its new host reports how much of its prompt the
 host had cached: that ratio goes to the `crossbar_handoff_cache_ratio` histogram.
 """
@@ -14,8 +15,8 @@ host had cached: that ratio goes to the `crossbar_handoff_cache_ratio` histogram
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from attrs import frozen
 from prometheus_client import CollectorRegistry, Histogram
@@ -73,7 +74,6 @@ class HandOff:
             buckets=_RATIO_BUCKETS,
             registry=registry,
         )
-        table.listeners.append(self._lease_event)
 
     def reconfigure(self, config: Config) -> None:
         self._config = config
@@ -113,30 +113,29 @@ class HandOff:
             log.failure("prewarm of {key} on {host} failed", key=key, host=host)
             return Outcome("failed", detail=str(e))
 
-    # -- turns (the proxy)
+    # -- turns (the proxy's TurnGate)
 
-    async def turn(
-        self, key: Key, ex: Exchange, inbound: Inbound, forward: Coroutine[Any, Any, None]
-    ) -> None:
-        """Run one inference turn (`forward`): after the move of its conversation under way,
-        if any; with its body kept for a later hand-off once it has been answered."""
+    async def wait_for_move(self, key: Key) -> None:
+        """Returns once no move of `key` is under way, or after prewarm_timeout."""
         if key in self._moving:  # the only case with anything to wait for
-            try:
-                await self._settled(key)
-            except BaseException:
-                forward.close()
-                raise
+            await self._settled(key)
+
+    @contextmanager
+    def in_flight(self, key: Key) -> Iterator[None]:
+        """While a turn of `key` runs: a rebalance never moves a busy conversation."""
         self._in_flight[key] += 1
         try:
-            await forward
+            yield
         finally:
             self._in_flight[key] -= 1
             if not self._in_flight[key]:
                 del self._in_flight[key]
+
+    def answered(self, key: Key, ex: Exchange, inbound: Inbound) -> None:
+        """A turn of `key` was answered: its body is kept for a later hand-off (a copy, made
+        only when bodies are kept)."""
         if self.store.enabled and ex.status == 200 and not ex.error and inbound.path in PREWARMABLE:
-            self.store.keep(
-                key, pack(inbound.path, inbound.raw)
-            )  # a copy of the body: only if kept
+            self.store.keep(key, pack(inbound.path, inbound.raw))
 
     def _settled(self, key: Key) -> Deferred[None]:
         """Fires when `key` is not moving, or after prewarm_timeout."""
@@ -171,7 +170,8 @@ class HandOff:
                 self.ratio.observe(min(1.0, row.cached_tokens / row.prompt_tokens))
                 return
 
-    def _lease_event(self, event: LeaseEvent) -> None:
+    def lease_event(self, event: LeaseEvent) -> None:
+        """A lease dropped (a Table listener): its conversation's body and ratio go."""
         if event.to_host or not event.model:
             return  # a lease made or moved, or a pin
         key = Key(event.route, event.fp, event.model)

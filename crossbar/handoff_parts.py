@@ -67,7 +67,10 @@ def build_handoff(
     store = HandoffStore(clock, s.handoff_store, s.handoff_max_body, store_parent(s.db))
     prewarmer = Prewarmer(clock, config, hosts, limiter, upstream, store, usage, registry)
     handoff = HandOff(clock, config, table, store, prewarmer, registry)
+    # Every subscription of the hand-off's parts, here and nowhere else.
+    table.listeners.append(handoff.lease_event)
     usage.observers.append(handoff.observe)
+    limiter.on_wait.append(prewarmer.client_waits)
     evacuator = Evacuator(clock, config, table, hosts, Chooser(limiter), handoff)
     rebalancer = Rebalancer(clock, config, table, hosts, limiter, handoff)
     return HandoffParts(store, prewarmer, handoff, evacuator, rebalancer)

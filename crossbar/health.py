@@ -15,18 +15,14 @@ from urllib.parse import quote
 from attrs import define, frozen
 from treq.client import HTTPClient
 from twisted.internet import error as net
-from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.defer import TimeoutError as DeferredTimeout
-from twisted.internet.endpoints import TCP4ClientEndpoint, TCP6ClientEndpoint
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
-from twisted.web.iweb import IAgentEndpointFactory
-from zope.interface import implementer
 
 from crossbar.config import HostConfig, ModelConfig
+from crossbar.endpoints import HostEndpoints, authorization
 from crossbar.twisted_private import quiet_pool
-from crossbar.upstream import HostEndpoints, authorization
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
 
@@ -59,35 +55,9 @@ def build_client(reactor: IReactorTime) -> tuple[HTTPClient, HTTPConnectionPool]
     pool.maxPersistentPerHost = 2
     # Endpoints made once per host: building one per request (IDNA-encoding the name) was most
     # of a probe's cost, and 200 hosts at 1 s are 200 probes a second.
-    endpoints = ProbeEndpoints(reactor, HostEndpoints(reactor, _CONNECT_TIMEOUT))
+    endpoints = HostEndpoints(reactor, _CONNECT_TIMEOUT)
     agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
     return HTTPClient(agent), pool  # type: ignore[arg-type]
-
-
-@implementer(IAgentEndpointFactory)
-class ProbeEndpoints:
-    """Plain TCP endpoints for hosts named by an IP address (no name lookup: a lookup runs in
-    a thread, and starting and waking threads for 200 probes a second stalled the reactor
-    under load); `named` (HostEndpoints) for the rest, made once per host."""
-
-    def __init__(self, reactor: Any, named: IAgentEndpointFactory) -> None:
-        self._reactor = reactor
-        self._named = named
-        self._cache: dict[tuple[bytes, bytes, int], IStreamClientEndpoint] = {}
-
-    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        key = (uri.scheme, uri.host, uri.port)
-        endpoint = self._cache.get(key)
-        if endpoint is None:
-            host = uri.host.decode("ascii").strip("[]")
-            if uri.scheme == b"http" and isIPAddress(host):
-                endpoint = TCP4ClientEndpoint(self._reactor, host, uri.port, _CONNECT_TIMEOUT)
-            elif uri.scheme == b"http" and isIPv6Address(host):
-                endpoint = TCP6ClientEndpoint(self._reactor, host, uri.port, _CONNECT_TIMEOUT)
-            else:
-                endpoint = self._named.endpointForURI(uri)
-            self._cache[key] = endpoint
-        return endpoint
 
 
 def treq_getter(client: HTTPClient) -> Getter:

@@ -10,7 +10,7 @@ from attrs import asdict
 from crossbar.redaction import hide_password
 
 if TYPE_CHECKING:
-    from crossbar.hosts import HostEntry
+    from crossbar.host_entry import HostEntry
 
 
 def host_status(

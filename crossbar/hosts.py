@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
-from attrs import define, field
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -24,11 +23,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
-from crossbar.catalog import Catalog
-from crossbar.config import Config, HostConfig, ModelConfig
+from crossbar.config import Config, ModelConfig
 from crossbar.discovery import discover
-from crossbar.flaps import Flaps
-from crossbar.health import Getter, Health, Prober, build_client, treq_getter
+from crossbar.health import Getter, Prober, build_client, treq_getter
+from crossbar.host_entry import HostEntry
 from crossbar.host_status import host_status
 from crossbar.probe_http import LeanGetter
 
@@ -52,18 +50,6 @@ class NoSuchHost(KeyError):
 
     def __str__(self) -> str:
         return f"unknown host {self.name!r}"
-
-
-@define
-class HostEntry:
-    config: HostConfig
-    health: Health = field(factory=Health)
-    flaps: Flaps = field(factory=Flaps)
-    catalog: Catalog = field()
-
-    @catalog.default
-    def _catalog(self) -> Catalog:
-        return Catalog(self.config)
 
 
 class Hosts:

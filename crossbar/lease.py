@@ -23,7 +23,7 @@ and each instance follows the others' changes (follower.py, lease_memory.py).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
@@ -68,7 +68,7 @@ class _Lost(Exception):
     """Another instance wrote the key first; its row is in memory now."""
 
 
-class Table(LeaseMemory):
+class Table:
     """The lease table. Build it with `await Table.load(...)`."""
 
     def __init__(
@@ -78,7 +78,8 @@ class Table(LeaseMemory):
         chooser: HostChooser,
         idle: float,
     ) -> None:
-        super().__init__()
+        self.memory = LeaseMemory()  # what the table holds; the follower brings it up to date
+        self._index = self.memory.index
         self._journal = journal
         self._hosts = hosts
         self._chooser = chooser
@@ -113,8 +114,59 @@ class Table(LeaseMemory):
         journal = journal or Journal(store, Clock())
         table = cls(journal, hosts, chooser, idle)
         with gc_paused():
-            table._load(await store.list_leases())
+            table.memory.load(await store.list_leases())
         return table
+
+    # -- reading (what the memory holds)
+
+    def __len__(self) -> int:
+        """Leases held (pins excluded)."""
+        return len(self._index)
+
+    def pinned(self, route: str) -> str | None:
+        """The host `route` is pinned to, if any."""
+        return self.memory.pinned(route)
+
+    def pins(self) -> dict[str, str]:
+        """route -> pinned host."""
+        return self.memory.pins()
+
+    def snapshot(self, route: str | None = None) -> list[Lease]:
+        """Copies of the leases (of `route`, or all), sorted by route, fp, model; no pins."""
+        return self.memory.snapshot(route)
+
+    def lease(self, key: Key) -> Lease | None:
+        """The lease held under `key` (not a copy: read it, never change it), or None."""
+        return self._index.get(key)
+
+    def keys(self, route: str | None = None) -> list[Key]:
+        """The keys of the leases (of `route`, or all), unsorted: a cheap copy to page over."""
+        return self._index.keys(route)
+
+    def routes(self) -> list[str]:
+        """The routes holding leases, sorted (a shared list: do not change it)."""
+        return self._index.routes()
+
+    def count(self, host: str, model: str) -> int:
+        """Leases of every route held on `host` for `model` (O(1))."""
+        return self._index.count(host, model)
+
+    def count_where(self, route: str | None, host: str | None, model: str | None) -> int:
+        """Leases of `route` on `host` for `model` (None: any), counted without a scan."""
+        return self._index.count_where(route, host, model)
+
+    def leases_by_route(self) -> dict[str, dict[str, int]]:
+        """route -> host -> leases held, from the index's counters (no scan of the leases)."""
+        return self._index.route_hosts()
+
+    def hosts_with_lease(self, routes: Iterable[str], model: str) -> set[str]:
+        """Hosts where any of `routes` holds a lease for `model` (the chooser's peers rule)."""
+        return self._index.hosts_with_lease(routes, model)
+
+    def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
+        """The config names these hosts for `route`: a pin to one of them is allowed even
+        before any request of the route was seen."""
+        self.memory.note_candidates(route, hosts)
 
     @property
     def journal(self) -> Journal:
@@ -158,10 +210,11 @@ class Table(LeaseMemory):
             raise ValueError("a lease key needs a model (fp == model == '' names a pin row)")
         candidates = tuple(candidates)
         # Not lease state: a record that the route listed these hosts, whatever comes next.
-        self._seen.setdefault(key.route, set()).update(candidates)
+        self.memory.seen.setdefault(key.route, set()).update(candidates)
         if key not in self._locks:
             # A conversation's next turn, no write due: nothing else runs for the key, no lock.
-            reused = self.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
+            memory = self.memory
+            reused = memory.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
             if reused is not None:
                 return reused
         return await self._locks.run(key, lambda: self._acquire(key, candidates, now, peers, need))
@@ -335,7 +388,7 @@ class Table(LeaseMemory):
                 del self._placing[placing]
 
     async def _touch(self, lease: Lease, now: float) -> None:
-        if now - self._saved_use[lease.key] > self._touch_every:
+        if now - self.memory.saved_use(lease.key) > self._touch_every:
             touched = evolve(lease, last_used=max(lease.last_used, now))
             change = Change(save=[touched], expect=(lease.key, lease.host))
             await self._commit(change, keep_ok=True)
@@ -360,7 +413,7 @@ class Table(LeaseMemory):
 
         Raises UnknownHost unless `host` was a candidate of the route (or held one of its
         leases when the table was loaded)."""
-        if host not in self._seen.get(route, ()):
+        if host not in self.memory.seen.get(route, ()):
             raise UnknownHost(route, host)
         previous = self.pinned(route)
         movers = [lease for lease in self._index.of_route(route) if lease.host != host]
@@ -382,9 +435,10 @@ class Table(LeaseMemory):
         leases dropped."""
         self._idle = config.server.lease_idle
         self._touch_every = min(60.0, self._idle / 100)
-        held = {lease.host for lease in self._index.all()} | {p.host for p in self._pins.values()}
+        pins = self.memory.pin_rows()
+        held = {lease.host for lease in self._index.all()} | {p.host for p in pins}
         gone = held - set(config.hosts)
-        for hosts in self._seen.values():
+        for hosts in self.memory.seen.values():
             hosts.intersection_update(config.hosts)
         return await self.drop_hosts(gone, now) if gone else 0
 
@@ -407,9 +461,9 @@ class Table(LeaseMemory):
 
         Returns the number of leases dropped, pins not included."""
         leases = [lease for lease in self._index.all() if lease.host in names]
-        pins = [pin for pin in self._pins.values() if pin.host in names]
+        pins = [pin for pin in self.memory.pin_rows() if pin.host in names]
         await self._drop(leases, now, "config", pins=pins, keep_ok=True)
-        for hosts in self._seen.values():
+        for hosts in self.memory.seen.values():
             hosts.difference_update(names)
         return len(leases)
 
@@ -459,13 +513,10 @@ class Table(LeaseMemory):
     def _applied(self, written: Written, change: Change) -> Written:
         if not written.applied:
             assert change.expect is not None
-            self._take(change.expect[0], written.current, written.change_id)
+            self.memory.adopt(change.expect[0], written.current, written.change_id)
             raise _Lost()
         kept = written.kept
-        self._forget_all([k for k in change.delete if k not in kept] if kept else change.delete)
-        for lease in change.save:
-            self._remember(lease)
-        self._mark_own(change, written.change_id)
+        self.memory.applied(change, written)
         for event in change.events:
             if kept and Key(event.route, event.fp, event.model) in kept:
                 continue

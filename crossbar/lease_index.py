@@ -12,7 +12,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from crossbar.lease import Key, Lease
+    from crossbar.lease_types import Key, Lease
 
 
 class LeaseIndex:
@@ -27,6 +27,14 @@ class LeaseIndex:
 
     def __len__(self) -> int:
         return len(self._leases)
+
+    def clear(self) -> None:
+        """Hold nothing (the object stays: its holders keep reading it)."""
+        self._leases.clear()
+        self._by_route.clear()
+        self._per_host.clear()
+        self._route_hosts.clear()
+        self._routes = None
 
     def get(self, key: Key) -> Lease | None:
         return self._leases.get(key)

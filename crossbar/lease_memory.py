@@ -1,10 +1,11 @@
 """The lease table's memory: leases and pins as this instance knows them, read in O(1), and
 brought up to date with what other instances sharing the store wrote.
 
-`Table` (lease.py) makes the changes and writes them; this holds their result. A change read
-from the change log is applied unless this instance wrote the same key since (its own write is
-newer): each of our writes is remembered by its change number until the log has been read past
-it.
+`Table` (lease.py) makes the changes, writes them and holds one of these for their result:
+it applies what it wrote (`applied`); the follower (follower.py) applies what other instances
+wrote (`apply_remote`). A change read from the change log is applied unless this instance wrote
+the same key since (its own write is newer): each of our writes is remembered by its change
+number until the log has been read past it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from attrs import evolve
 
 from crossbar.lease_index import LeaseIndex
-from crossbar.lease_types import Acquired, Change, HostStates, Key, Lease, State
+from crossbar.lease_types import Acquired, Change, HostStates, Key, Lease, State, Written
 
 
 @contextmanager
@@ -40,16 +41,12 @@ class LeaseMemory:
     """Leases by key with their indexes, pins by route, and the routes' candidate hosts."""
 
     def __init__(self) -> None:
-        self._index = LeaseIndex()
+        self.index = LeaseIndex()  # the leases: read them, change them only through here
         self._saved_use: dict[Key, float] = {}  # last_used as last written
         self._pins: dict[str, Lease] = {}
-        self._seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
+        self.seen: dict[str, set[str]] = {}  # route -> hosts ever its candidates
         self._own: dict[Key, int] = {}  # keys we wrote, by change number, until the log passes
         self._own_order: deque[tuple[int, Key]] = deque()
-
-    def __len__(self) -> int:
-        """Leases held (pins excluded)."""
-        return len(self._index)
 
     def pinned(self, route: str) -> str | None:
         pin = self._pins.get(route)
@@ -61,39 +58,11 @@ class LeaseMemory:
 
     def snapshot(self, route: str | None = None) -> list[Lease]:
         """Copies of the leases (of `route`, or all), sorted by route, fp, model; pins excluded."""
-        leases = self._index.of_route(route) if route is not None else self._index.all()
+        leases = self.index.of_route(route) if route is not None else self.index.all()
         return sorted(
             (evolve(lease) for lease in leases),
             key=lambda lease: (lease.key.route, lease.key.fp, lease.key.model),
         )
-
-    def keys(self, route: str | None = None) -> list[Key]:
-        """The keys of the leases (of `route`, or all), unsorted: a cheap copy to page over."""
-        return self._index.keys(route)
-
-    def routes(self) -> list[str]:
-        """The routes holding leases, sorted (a shared list: do not change it)."""
-        return self._index.routes()
-
-    def count_where(self, route: str | None, host: str | None, model: str | None) -> int:
-        """Leases of `route` on `host` for `model` (None: any), counted without a scan."""
-        return self._index.count_where(route, host, model)
-
-    def lease(self, key: Key) -> Lease | None:
-        """The lease held under `key` (not a copy: read it, never change it), or None."""
-        return self._index.get(key)
-
-    def leases_by_route(self) -> dict[str, dict[str, int]]:
-        """route -> host -> leases held, from the index's counters (no scan of the leases)."""
-        return self._index.route_hosts()
-
-    def count(self, host: str, model: str) -> int:
-        """Leases of every route held on `host` for `model` (O(1))."""
-        return self._index.count(host, model)
-
-    def hosts_with_lease(self, routes: Iterable[str], model: str) -> set[str]:
-        """Hosts where any of `routes` holds a lease for `model` (the chooser's peers rule)."""
-        return self._index.hosts_with_lease(routes, model)
 
     def reused_at_once(
         self,
@@ -107,7 +76,7 @@ class LeaseMemory:
         key's lease is on the pinned host, or (no pin among the candidates) on a healthy
         candidate, and its last_used needs no saving yet. Its in-memory last_used advances.
         None: anything else, for the full decision."""
-        lease = self._index.get(key)
+        lease = self.index.get(key)
         if lease is None or now - self._saved_use[key] > touch_every:
             return None
         host, pin = lease.host, self.pinned(key.route)
@@ -119,10 +88,27 @@ class LeaseMemory:
         lease.last_used = max(lease.last_used, now)
         return Acquired(host, reused=True, pinned=pinned)
 
+    def saved_use(self, key: Key) -> float:
+        """`key`'s last_used as last written to the store."""
+        return self._saved_use[key]
+
+    def pin_rows(self) -> list[Lease]:
+        """The pin rows held (not copies)."""
+        return list(self._pins.values())
+
+    def applied(self, change: Change, written: Written) -> None:
+        """Our own `change`, as the store took it: its deletes (but an expiry's leases used
+        since elsewhere) and saves, remembered as ours by their change number."""
+        kept = written.kept
+        self._forget_all([k for k in change.delete if k not in kept] if kept else change.delete)
+        for lease in change.save:
+            self._remember(lease)
+        self._mark_own(change, written.change_id)
+
     def note_candidates(self, route: str, hosts: Iterable[str]) -> None:
         """The config names these hosts for `route`: a pin to one of them is allowed even
         before any request of the route was seen."""
-        self._seen.setdefault(route, set()).update(hosts)
+        self.seen.setdefault(route, set()).update(hosts)
 
     def _mark_own(self, change: Change, change_id: int) -> None:
         """Our own write numbered `change_id`: an older row of another instance for the same
@@ -137,7 +123,7 @@ class LeaseMemory:
         """Another instance wrote `key` (`lease`, or None: deleted) as change `change_id`."""
         if self._own.get(key, 0) > change_id:
             return  # we wrote the key since: ours is newer
-        self._take(key, lease, change_id)
+        self.adopt(key, lease, change_id)
 
     def caught_up(self, change_id: int) -> None:
         """The change log has been read up to `change_id`: our own writes up to there need no
@@ -150,16 +136,16 @@ class LeaseMemory:
 
     def replace_all(self, leases: Iterable[Lease]) -> None:
         """Forget everything and hold `leases` (the store's rows) instead."""
-        self._index = LeaseIndex()
+        self.index.clear()
         self._saved_use.clear()
         self._pins.clear()
         self._own.clear()
         self._own_order.clear()
         for lease in leases:
             self._remember(lease)
-            self._seen.setdefault(lease.key.route, set()).add(lease.host)
+            self.seen.setdefault(lease.key.route, set()).add(lease.host)
 
-    def _load(self, leases: list[Lease]) -> None:
+    def load(self, leases: list[Lease]) -> None:
         """Hold the store's rows in an empty memory, in bulk (a million at a restart); the
         objects are fresh, so they are kept as they are."""
         index: list[Lease] = []
@@ -169,12 +155,13 @@ class LeaseMemory:
                 self._pins[key.route] = lease
             else:
                 index.append(lease)
-        self._index.fill(index)
+        self.index.fill(index)
         self._saved_use = {lease.key: lease.last_used for lease in index}
         for route, host in {(lease.key.route, lease.host) for lease in leases}:
-            self._seen.setdefault(route, set()).add(host)
+            self.seen.setdefault(route, set()).add(host)
 
-    def _take(self, key: Key, lease: Lease | None, change_id: int) -> None:
+    def adopt(self, key: Key, lease: Lease | None, change_id: int) -> None:
+        """The store's row for `key` (None: none), written by another instance."""
         if lease is None:
             self._forget(key)
         else:
@@ -187,18 +174,18 @@ class LeaseMemory:
         if key.fp == "" and key.model == "" and lease.state is State.PINNED:
             self._pins[key.route] = lease
         else:
-            self._index.put(lease)
+            self.index.put(lease)
             self._saved_use[key] = lease.last_used
 
     def _forget(self, key: Key) -> None:
         if not key.fp and not key.model:  # a pin row (pin_key), told without making a Key
             self._pins.pop(key.route, None)
-        self._index.drop(key)
+        self.index.drop(key)
         self._saved_use.pop(key, None)
 
     def _forget_all(self, keys: Iterable[Key]) -> None:
         """`_forget` each of `keys`: a sweep's batch of hundreds, on the reactor thread."""
-        pins, drop, saved_use = self._pins, self._index.drop, self._saved_use
+        pins, drop, saved_use = self._pins, self.index.drop, self._saved_use
         for key in keys:
             if not key.fp and not key.model:
                 pins.pop(key.route, None)

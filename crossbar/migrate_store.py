@@ -16,7 +16,8 @@ from typing import Any
 
 from attrs import frozen
 
-from crossbar.backends import Backend, backend_for, redact
+from crossbar.backends import Backend, backend_for
+from crossbar.redaction import redact
 from crossbar.store_setup import StoreError, connect, diagnose, migrate, migrations
 
 BATCH = 5000

@@ -120,7 +120,6 @@ class Prewarmer:
             ["host", "kind"],
             registry=registry,
         )
-        limiter.on_wait.append(self._client_waits)
 
     def reconfigure(self, config: Config) -> None:
         """A new prewarm_parallel applies to hosts with no prewarm running."""
@@ -213,7 +212,7 @@ class Prewarmer:
         self.tokens.labels(ex.host, "cached").inc(tokens.cached)
         return Outcome("warm", tokens.prompt, tokens.cached)
 
-    def _client_waits(self, host: str, model: str, priority: int) -> None:
+    def client_waits(self, host: str, model: str, priority: int) -> None:
         """A request queued at (host, model): a prewarm there gives up its slot to it."""
         if priority <= PREWARM_PRIORITY or self._limiter.free_slots(host, model) > 0:
             return  # another prewarm, or a client held back by its route's cap, not a slot

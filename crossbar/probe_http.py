@@ -25,8 +25,8 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.python.failure import Failure
 from twisted.web.client import URI, ResponseFailed, ResponseNeverReceived
 
+from crossbar.endpoints import HostEndpoints
 from crossbar.health import Getter
-from crossbar.upstream import HostEndpoints
 
 MAX_HEAD = 64 * 1024  # as twisted_private.MAX_RESPONSE_HEAD_BYTES: past it, the fallback
 MAX_BODY = 1024 * 1024  # a /health answer is a few bytes; past this, the fallback

@@ -8,7 +8,8 @@ itself, and keeps the running requests so a stop can drain them.
 
 from __future__ import annotations
 
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -23,25 +24,16 @@ from crossbar.answers import answer_json, models_list, route_health
 from crossbar.call import Call, Target
 from crossbar.config import Config
 from crossbar.dialects import OPENAI_CHAT, Kind, classify
-from crossbar.errors import (
-    INTERNAL,
-    ClientError,
-    Where,
-    bad_request,
-    for_exception,
-    not_found,
-    unavailable,
-    write_error,
-)
+from crossbar.errors import INTERNAL, ClientError, bad_request, not_found, unavailable, write_error
 from crossbar.fingerprint import fingerprint
 from crossbar.guard import ContextGuard
-from crossbar.handoff import HandOff
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
 from crossbar.inbound import Inbound, header_reader, request_body
 from crossbar.lease import Acquired, Key, LeaseError, NoHost
 from crossbar.limiter import Limiter, LimiterError, Release
 from crossbar.placement import Placement
+from crossbar.refusals import Where, for_exception
 from crossbar.relay import Relay
 from crossbar.routing import check_key, choose_model, resolve_route, split_route
 from crossbar.upstream import Upstream, UpstreamFailure, prepare, renamed_body
@@ -49,6 +41,33 @@ from crossbar.usage import UNKNOWN_ROUTE, Exchange, UsageRecorder
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
+
+
+class TurnGate(Protocol):
+    """What an inference turn tells of itself and waits for (the warm hand-off, handoff.py,
+    implements it): a move of its conversation under way, while it runs, once answered."""
+
+    async def wait_for_move(self, key: Key) -> None: ...
+
+    def in_flight(self, key: Key) -> AbstractContextManager[None]: ...
+
+    def answered(self, key: Key, ex: Exchange, inbound: Inbound) -> None: ...
+
+
+class _Open:
+    """A gate with nothing behind it: no hand-offs."""
+
+    async def wait_for_move(self, key: Key) -> None:
+        return None
+
+    def in_flight(self, key: Key) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def answered(self, key: Key, ex: Exchange, inbound: Inbound) -> None:
+        return None
+
+
+OPEN = _Open()
 
 
 def _noop() -> None:
@@ -71,7 +90,7 @@ class ProxyResource(Resource):
         ids: IdMemory,
         usage: UsageRecorder,
         placement: Placement,
-        handoff: HandOff | None = None,
+        gate: TurnGate | None = None,
     ) -> None:
         super().__init__()
         self._config = config
@@ -83,7 +102,7 @@ class ProxyResource(Resource):
         self._ids = ids
         self._usage = usage
         self._placement = placement
-        self._handoff = handoff
+        self._gate = gate or OPEN
         self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
         self._settled: list[Deferred[None]] = []  # waiters for "no request running"
 
@@ -208,10 +227,14 @@ class ProxyResource(Resource):
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
         call = self._understand(request, ex, target, kind)
-        if kind is Kind.INFERENCE and self._handoff is not None:  # a hand-off may be under way
-            await self._handoff.turn(call.key, ex, call.inbound, self._forward(request, call, ex))
+        if kind is not Kind.INFERENCE:
+            await self._forward(request, call, ex)
             return
-        await self._forward(request, call, ex)
+        gate = self._gate  # a move of the conversation may be under way
+        await gate.wait_for_move(call.key)
+        with gate.in_flight(call.key):
+            await self._forward(request, call, ex)
+        gate.answered(call.key, ex, call.inbound)
 
     def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         """Body, model, fingerprint and lease key of a request for a host."""

@@ -1,4 +1,5 @@
-"""URLs as crossbar may show them: a password in one is as secret as an api key."""
+"""URLs as crossbar may show them: a password in one is as secret as an api key; a store's
+URL (`server.db`) above all."""
 
 from __future__ import annotations
 
@@ -15,3 +16,16 @@ def hide_password(url: str) -> str:
         host = f"[{host}]"
     netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc, fragment=""))
+
+
+_POSTGRES_SCHEMES = ("postgresql", "postgres")
+
+
+def is_postgres(db: str) -> bool:
+    """True when `db` is a PostgreSQL URL."""
+    return urlsplit(db).scheme in _POSTGRES_SCHEMES
+
+
+def redact(db: str) -> str:
+    """`db` with any password replaced by `***`: what may be shown anywhere."""
+    return hide_password(db) if is_postgres(db) else db

@@ -20,9 +20,10 @@ from twisted.enterprise.adbapi import ConnectionPool, Transaction
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.backends import SQLITE, Backend, backend_for, redact
+from crossbar.backends import SQLITE, Backend, backend_for
 from crossbar.lease_types import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
+from crossbar.redaction import redact
 from crossbar.settled import SettledRows
 from crossbar.store_batch import GroupCommit, write_group
 from crossbar.store_queries import Pick, top_moves_rows, usage_series_rows, usage_totals_rows

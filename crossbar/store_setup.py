@@ -22,8 +22,8 @@ from crossbar.backends import (
     Backend,
     backend_for,
     postgres_defaults,
-    redact,
 )
+from crossbar.redaction import redact
 
 _MIGRATION_LOCK = 0x63726F73  # "cros": one instance migrates a PostgreSQL store at a time
 

@@ -23,7 +23,8 @@ from typing import Any, TextIO
 
 from attrs import frozen
 
-from crossbar.ctl import AdminClient, CtlError, ago, table
+from crossbar.ctl_client import AdminClient, CtlError
+from crossbar.ctl_format import ago, table
 
 MOVES = 8  # recent moves shown
 _ENTER = "\x1b[?1049h\x1b[?25l"  # alternate screen, cursor hidden

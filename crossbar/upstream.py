@@ -32,7 +32,7 @@ from zope.interface import implementer
 
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.dialects import Dialect
-from crossbar.endpoints import CountingEndpoints, HostEndpoints
+from crossbar.endpoints import CountingEndpoints, HostEndpoints, authorization
 from crossbar.twisted_private import RequestNotSent, not_http, quiet_pool
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
@@ -71,12 +71,6 @@ def hop_by_hop(headers: Headers, connection: Headers | None = None) -> set[bytes
         if name.lower().startswith(b"proxy-"):
             names.add(name.lower())
     return names
-
-
-def authorization(host: HostConfig) -> dict[str, str]:
-    """The header that authenticates crossbar to the host: its `api_key` as a Bearer token.
-    Every request to the host carries it: proxied ones, probes, discovery, token counts."""
-    return {"Authorization": f"Bearer {host.api_key}"} if host.api_key else {}
 
 
 @frozen

@@ -110,7 +110,7 @@ async def build_parts(
         # walk all of them (0.7 s at 100k leases) whenever enough new objects pile up.
         gc.collect()
         gc.freeze()
-    follower = Follower(store, table, hosts, instance, since)
+    follower = Follower(store, table.memory, hosts, instance, since)
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)

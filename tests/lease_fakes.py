@@ -249,3 +249,8 @@ async def story(store: Store) -> list[tuple[str, str, str, str, str]]:
 def hosts_of(table: Table) -> dict[tuple[str, str, str], str]:
     """The table's leases as {(route, fp, model): host}."""
     return {(x.key.route, x.key.fp, x.key.model): x.host for x in table.snapshot()}
+
+
+def empty_table() -> Table:
+    """A lease table over an empty store in memory, for tests that fill its memory directly."""
+    return run_now(Table.load(MemoryStore(), FakeHosts(), Chooser(FakeCapacity()), 3600.0))

@@ -2,6 +2,7 @@
 filters and a cursor, the total told; and a long scan gives the reactor back as it goes."""
 
 import pytest_twisted
+from lease_fakes import empty_table
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
@@ -33,7 +34,7 @@ async def crossbar(tmp_path):
     fakes = await start_fakes("titan", "atlas")
     path = write_config(tmp_path / "crossbar.toml", fakes, ROUTES, templates=TEMPLATES)
     running = await start_service(path, fakes)
-    running.parts.table.replace_all(fleet(250))
+    running.parts.table.memory.replace_all(fleet(250))
     yield running
     await running.stop()
 
@@ -75,7 +76,7 @@ async def test_a_cursor_goes_on_after_its_key_while_leases_come_and_go(crossbar)
     # The page's last lease goes; one comes before the cursor, one after.
     kept = [x for x in fleet(250) if x.key.fp != last["fp"]]
     new = [Lease(Key("team-0", fp, MODEL), "titan", State.ACTIVE, 2.0, 2.0) for fp in ("a", "z")]
-    table.replace_all(kept + new)
+    table.memory.replace_all(kept + new)
     rest = await crossbar.get(f"/api/leases?limit=1000&cursor={page['next']}")
     fps = [x["fp"] for x in rest["leases"]]
     assert fps[0] > last["fp"] and "z" in fps and "a" not in fps and len(fps) == 240 + 1
@@ -155,10 +156,8 @@ def page_through(table, reactor, where, limit):
 
 
 def test_a_fingerprint_search_scans_in_chunks_giving_the_reactor_back_between_them():
-    from crossbar.lease_memory import LeaseMemory
-
-    table = LeaseMemory()
-    table.replace_all(fleet(3 * CHUNK + 5))
+    table = empty_table()
+    table.memory.replace_all(fleet(3 * CHUNK + 5))
     reactor = Turns()
     d = ensureDeferred(lease_page(table, reactor, LeaseFilter(fp="fp"), None, 10))
     turns = 0
@@ -171,10 +170,8 @@ def test_a_fingerprint_search_scans_in_chunks_giving_the_reactor_back_between_th
 
 
 def test_a_page_reads_the_routes_it_shows_and_counts_the_rest_from_the_counters():
-    from crossbar.lease_memory import LeaseMemory
-
-    table = LeaseMemory()
-    table.replace_all(fleet(40 * CHUNK, routes=400))  # 100 leases a route
+    table = empty_table()
+    table.memory.replace_all(fleet(40 * CHUNK, routes=400))  # 100 leases a route
     reactor = Turns()
     for where in (LeaseFilter(), LeaseFilter(host="atlas"), LeaseFilter(model=MODEL)):
         d = ensureDeferred(lease_page(table, reactor, where, None, 100))
@@ -182,21 +179,19 @@ def test_a_page_reads_the_routes_it_shows_and_counts_the_rest_from_the_counters(
         assert len(d.result.rows) == 100
         assert d.result.total == (40 * CHUNK if where.host is None else 20 * CHUNK)
     # One route of many leases is scanned in chunks like a search.
-    table.replace_all(fleet(3 * CHUNK + 5, routes=1))
+    table.memory.replace_all(fleet(3 * CHUNK + 5, routes=1))
     keys, totals, turns = page_through(table, reactor, LeaseFilter(host="titan"), 1000)
     assert totals == {(3 * CHUNK + 6) // 2} and turns >= 3
     assert keys == sorted(k.key for k in fleet(3 * CHUNK + 5, routes=1) if k.host == "titan")
 
 
 def test_pages_give_every_matching_lease_once_in_key_order_whatever_the_filter():
-    from crossbar.lease_memory import LeaseMemory
-
     leases = fleet(2 * CHUNK + 17, routes=7) + [
         Lease(Key(f"team-{i % 3}", f"other{i:03d}", "m2"), "atlas", State.ACTIVE, 1.0, 1.0)
         for i in range(50)
     ]
-    table = LeaseMemory()
-    table.replace_all(leases)
+    table = empty_table()
+    table.memory.replace_all(leases)
     filters = [LeaseFilter(), LeaseFilter(host="titan"), LeaseFilter(model="m2"),
                LeaseFilter(route="team-2"), LeaseFilter(route="team-1", host="atlas"),
                LeaseFilter(route="team-0", model="m2", host="atlas"),

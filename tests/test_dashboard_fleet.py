@@ -45,7 +45,7 @@ async def test_a_hundred_thousand_leases_paint_in_pages_and_refreshes_do_not_gro
         url = f"{crossbar.admin_url}/#token=t"
         sizes = {}
         for n in (10_000, 100_000):
-            crossbar.parts.table.replace_all(fleet(n))
+            crossbar.parts.table.memory.replace_all(fleet(n))
             started = time.monotonic()
             dom = await wait(deferToThread(render, url, tmp_path / f"profile{n}"), 120)
             wall = time.monotonic() - started

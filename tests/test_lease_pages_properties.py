@@ -7,13 +7,13 @@ leases. CHUNK is made small so that big routes (scanned in chunks) mix with smal
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lease_fakes import empty_table
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
 from crossbar import admin_pages
 from crossbar.admin_pages import LeaseFilter, encode_cursor, lease_page
-from crossbar.lease import Key, Lease, State
-from crossbar.lease_memory import LeaseMemory
+from crossbar.lease import Key, Lease, State, Table
 
 FIXTURE = [HealthCheck.function_scoped_fixture]  # CHUNK is the same for every example
 ROUTES = ("a", "b", "b2", "c", "d")
@@ -60,11 +60,11 @@ class Turns(Clock):
         return d.result
 
 
-def table_of(leases: list[Lease], pins=("a", "c")) -> LeaseMemory:
-    table = LeaseMemory()
+def table_of(leases: list[Lease], pins=("a", "c")) -> Table:
+    table = empty_table()
     held = {lease.key: lease for lease in leases}
     pinned = [Lease(Key(route, "", ""), "h1", State.PINNED, 1.0, 1.0) for route in pins]
-    table.replace_all([*held.values(), *pinned])
+    table.memory.replace_all([*held.values(), *pinned])
     return table
 
 
@@ -130,9 +130,9 @@ def test_leases_coming_and_going_between_chunks_never_repeat_or_skip_one_that_st
             add, lease = todo.pop(0)
             stayed.discard(lease.key)
             if add:
-                table._remember(lease)
+                table.memory.adopt(lease.key, lease, 0)
             else:
-                table._forget(lease.key)
+                table.memory.adopt(lease.key, None, 0)
 
     keys, _ = pages(table, where, limit, None, between)
     assert keys == sorted(set(keys))  # in order, none twice

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.logger import Logger
@@ -23,10 +23,8 @@ from crossbar.testing.fakehttp import (
     send_json,
     send_text,
 )
+from crossbar.testing.fakestate import Fake
 from crossbar.testing.faketokens import render_chat, responses_messages
-
-if TYPE_CHECKING:
-    from crossbar.testing.fakellama import FakeLlama
 
 log = Logger()
 
@@ -40,7 +38,7 @@ class FakeApi(Resource):
 
     isLeaf = True
 
-    def __init__(self, fake: FakeLlama) -> None:
+    def __init__(self, fake: Fake) -> None:
         super().__init__()
         self._fake = fake
         self._active: dict[Request, Deferred[None]] = {}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IPushProducer
@@ -15,12 +15,9 @@ from zope.interface import implementer
 from crossbar.testing.fakeanthropic import AnthropicFormat, anthropic_messages
 from crossbar.testing.fakeformat import FORMATS, Format, Job, Outcome
 from crossbar.testing.fakehttp import ApiError, bad_request, send_json, server_error, sse_event
-from crossbar.testing.fakestate import Completion
+from crossbar.testing.fakestate import Completion, Fake
 from crossbar.testing.faketokens import render_chat, reply_pieces, responses_messages, split_pieces
 from crossbar.testing.faketools import TOOL_FORMATS, planned_call
-
-if TYPE_CHECKING:
-    from crossbar.testing.fakellama import FakeLlama
 
 KINDS = {
     "/v1/chat/completions": "chat",
@@ -56,7 +53,7 @@ class Dropped(Exception):
     """The fake cut the connection on purpose (drop_after_chunks)."""
 
 
-def _prompt_tokens(fake: FakeLlama, prompt: Any) -> list[int]:
+def _prompt_tokens(fake: Fake, prompt: Any) -> list[int]:
     """A raw prompt: a string, token ids, strings and ids mixed, or one of those in a list."""
     if isinstance(prompt, str):
         return fake.tokenizer.tokenize(prompt)
@@ -75,7 +72,7 @@ def _prompt_tokens(fake: FakeLlama, prompt: Any) -> list[int]:
     raise bad_request("'prompt' must be a non-empty string or array of tokens")
 
 
-def _messages(fake: FakeLlama, kind: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
+def _messages(fake: Fake, kind: str, body: dict[str, Any]) -> list[dict[str, Any]] | None:
     if kind == "chat":
         return body.get("messages")  # type: ignore[no-any-return]
     if kind == "anthropic":
@@ -97,7 +94,7 @@ def _messages(fake: FakeLlama, kind: str, body: dict[str, Any]) -> list[dict[str
     return prior + responses_messages(instructions, body.get("input"))
 
 
-def parse_job(fake: FakeLlama, path: str, body: dict[str, Any]) -> Job:
+def parse_job(fake: Fake, path: str, body: dict[str, Any]) -> Job:
     """The request as a Job, or a 400 in llama-server's shape."""
     kind = KINDS[path]
     model = body.get("model") or fake.config.models[0]
@@ -165,7 +162,7 @@ def _include_usage(body: dict[str, Any]) -> bool:
     return isinstance(options, dict) and options.get("include_usage") is True
 
 
-def _sleep(fake: FakeLlama, seconds: float) -> Deferred[None]:
+def _sleep(fake: Fake, seconds: float) -> Deferred[None]:
     return deferLater(fake.reactor, seconds)
 
 
@@ -202,7 +199,7 @@ class _Output:
     """Writes one answer: SSE events as they come, or one JSON body; applies the mid-stream
     faults before every event; a stream waits while its client does not read."""
 
-    def __init__(self, fake: FakeLlama, request: Request, job: Job, fmt: Format) -> None:
+    def __init__(self, fake: Fake, request: Request, job: Job, fmt: Format) -> None:
         self._fake = fake
         self._request = request
         self._job = job
@@ -255,7 +252,7 @@ class _Output:
         self._request.finish()
 
 
-async def infer(fake: FakeLlama, request: Request, path: str, body: dict[str, Any]) -> None:
+async def infer(fake: Fake, request: Request, path: str, body: dict[str, Any]) -> None:
     """Answer one inference request (the caller maps ApiError to its error body)."""
     counters = fake.counters
     counters.in_flight += 1
@@ -271,7 +268,7 @@ async def infer(fake: FakeLlama, request: Request, path: str, body: dict[str, An
         counters.in_flight -= 1
 
 
-async def _run(fake: FakeLlama, request: Request, job: Job) -> None:
+async def _run(fake: Fake, request: Request, job: Job) -> None:
     counters = fake.counters
     counters.queued += 1
     try:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from attrs import Attribute, asdict, define, field, fields, frozen, setters
+
+from crossbar.testing.fakecache import PromptCache
+from crossbar.testing.faketokens import Tokenizer
 
 
 def _positive(_: object, attribute: Attribute[Any], value: float) -> None:
@@ -151,3 +154,31 @@ class Counters:
         out["completions"] = len(self.completions)
         out["last_completion"] = asdict(self.completions[-1]) if self.completions else None
         return out
+
+
+class Fake(Protocol):
+    """The fake llama-server as its request handlers (fakeapi.py, fakegen.py) use it
+    (fakellama.FakeLlama): its state and the few things it does for them."""
+
+    reactor: Any
+    config: FakeConfig
+    faults: Faults
+    counters: Counters
+    tokenizer: Tokenizer
+    cache: PromptCache
+    api: Any  # the FakeApi serving it
+    running: dict[str, str]  # completion id -> path, while it runs
+    conversations: OrderedDict[str, list[dict[str, Any]]]
+    saved_slots: dict[str, list[int]]
+    started_at: float
+
+    @property
+    def loading(self) -> bool: ...
+
+    def refuse_for(self, seconds: float) -> None: ...
+
+    def spare_connection(self, request: Any) -> None: ...
+
+    def remember(self, response_id: str, conversation: list[dict[str, Any]]) -> None: ...
+
+    def record(self, completion: Completion) -> None: ...
