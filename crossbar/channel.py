@@ -98,13 +98,12 @@ class ProxyChannel(HTTPChannel):
             return
         self._refused = True
         self._disarm()
-        body = ClientError(status, "invalid_request_error", message).body(
-            self.site.error_shape_of_line(self)
-        )
+        refusal = self.site.refusal(self)
+        body = ClientError(status, "invalid_request_error", message).body(refusal.shape)
         self.transport.write(
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
             b"Content-Length: %d\r\n\r\n" % (status, phrase(status), len(body)) + body
         )
         self.loseConnection()
         self.dataReceived = lambda data: None  # type: ignore[method-assign]
-        self.site.refused(self, status, message)
+        self.site.refused(refusal, status, message)

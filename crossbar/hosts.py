@@ -267,9 +267,11 @@ class Hosts:
         """Call `fn(host, model)` whenever the effective `parallel` of the pair changes."""
         self._listeners.append(fn)
 
-    def reconfigure(self, config: Config) -> None:
+    def reconfigure(self, config: Config) -> Deferred[None]:
         """Take a reloaded config: new hosts start healthy, removed ones are forgotten, the
-        rest keep their health. Listeners hear about every pair whose parallel changed."""
+        rest keep their health. Listeners hear about every pair whose parallel changed. The
+        hosts it adds or gives another URL are probed at once: the Deferred fires when they
+        have been (a reload waits for it, so nothing is placed on them blind)."""
         before = self._parallels()
         hosts: dict[str, HostEntry] = {}
         for name, new in config.hosts.items():
@@ -296,6 +298,7 @@ class Hosts:
         self._config = config
         self._fresh &= hosts.keys()
         self._notify(before)
+        return Deferred.fromCoroutine(self.probe_fresh())
 
     async def probe_fresh(self) -> None:
         """Probe at once the hosts a reload added or gave another URL (their `/props` too),

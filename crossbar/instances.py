@@ -15,7 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from attrs import asdict
 from twisted.logger import Logger
@@ -42,6 +42,28 @@ def config_digest(config: Config) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def _nothing_in_flight() -> int:
+    return 0
+
+
+class SharedSlots:
+    """A host's slots as this instance may use them: its share of the host's `parallel`
+    (the limiter's view of every (host, model))."""
+
+    def __init__(self, hosts: Slots, instances: Instances) -> None:
+        self._hosts = hosts
+        self._instances = instances
+
+    def __call__(self, host: str, model: str) -> int:
+        return self._instances.share(self._hosts.parallel(host, model))
+
+
+class Slots(Protocol):
+    """Slots per (host, model) as configured or discovered (crossbar.hosts.Hosts)."""
+
+    def parallel(self, name: str, model: str) -> int: ...
+
+
 class Instances:
     """This instance's heartbeat and its view of the others (`beat` on a timer)."""
 
@@ -52,12 +74,10 @@ class Instances:
         instance: str,
         version: str,
         started: float,
-        in_flight: Callable[[], int],
-        on_change: Callable[[], None],
         report: Callable[[BaseException], None],
     ) -> None:
-        """`on_change` hears that the live set (so the shares) changed; `report` hears a store
-        that cannot be written."""
+        """`report` hears a store that cannot be written. `listeners` hear that the live set
+        (so the shares) changed; `count_in_flight` is what each heartbeat reports."""
         self._store = store
         self._interval = config.server.health_interval
         self._digest = config_digest(config)
@@ -65,8 +85,8 @@ class Instances:
         self.address = config.server.listen
         self._version = version
         self._started = started
-        self._in_flight = in_flight
-        self._on_change = on_change
+        self.count_in_flight: Callable[[], int] = _nothing_in_flight
+        self.listeners: list[Callable[[], None]] = []
         self._report = report
         self._live: list[str] = [instance]
         self._rows: list[InstanceRow] = []
@@ -97,7 +117,7 @@ class Instances:
         set changed. Never raises (a timer calls it)."""
         row = InstanceRow(
             self.id, self.address, self._version, self._digest, self._started, 0.0,
-            self._in_flight(),
+            self.count_in_flight(),
         )  # fmt: skip
         try:
             self._now, self._rows = await self._store.heartbeat(row)
@@ -134,7 +154,8 @@ class Instances:
                 me=self.id,
             )
             self._live = live
-            self._on_change()
+            for listener in list(self.listeners):
+                listener()
 
     async def leave(self) -> None:
         """Stop being counted at once (a clean stop)."""

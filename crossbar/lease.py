@@ -429,10 +429,11 @@ class Table:
         change = Change(save=[row], delete=[lease.key for lease in movers], events=events)
         await self._commit(change, keep_ok=False, durable=True)
 
-    async def reconfigure(self, config: Config, now: float) -> int:
+    async def reconfigure(self, config: Config) -> int:
         """Take a reloaded config: its `lease_idle` from now on, and hosts it no longer has
         forgotten (their leases and pins dropped, reason "config"). Returns the number of
         leases dropped."""
+        now = self._journal.clock.seconds()
         self._idle = config.server.lease_idle
         self._touch_every = min(60.0, self._idle / 100)
         pins = self.memory.pin_rows()

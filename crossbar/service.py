@@ -31,8 +31,7 @@ from crossbar.hosts import Hosts
 from crossbar.probe_schedule import ProbeSchedule
 from crossbar.rebalance import TICK as REBALANCE_TICK
 from crossbar.store import Store
-from crossbar.sweep import Sweep
-from crossbar.wiring import Parts, Sites, build_parts, make_sites
+from crossbar.wiring import Parts, Reconfigurable, Sites, build_parts, make_sites
 
 log = Logger(namespace="crossbar")
 _RESTART_KEYS = ("listen", "admin_listen", "db", "handoff_store")
@@ -116,10 +115,8 @@ class CrossbarService(MultiService):
         self.proxy_port: IListeningPort | None = None
         self.admin_port: IListeningPort | None = None
         self.ready: Deferred[None] = Deferred()
-        self._reconfigurable: list[Callable[[Config], Awaitable[Any] | Any]] = []
         self._starting: Deferred[None] | None = None
         self._previous_sighup: Any = None
-        self._dropped = 0  # leases the last reload dropped with their hosts
 
     def startService(self) -> None:
         # The children are added (and so started) by _start, once the parts exist.
@@ -132,11 +129,10 @@ class CrossbarService(MultiService):
         s = config.server
         self.parts = parts = await build_parts(config, reactor, self._store, self._endpoints)
         self.sites = sites = make_sites(config, parts, self.reload)
-        sweep = Sweep(config, parts.table, parts.store, reactor)
         await parts.hosts.probe_all()  # every host at once: the proxy port waits for it
         probes = probe_timer(config, parts.hosts, reactor)
         probes.setServiceParent(self)  # then each host at its own phase of the interval
-        sweeper = Every("sweep", _sweep_interval, config, sweep.run, reactor)
+        sweeper = Every("sweep", _sweep_interval, config, parts.sweep.run, reactor)
         sweeper.setServiceParent(self)
         # Other instances sharing the store: their changes, and this one's slot share, known
         # before the first client is served.
@@ -154,25 +150,6 @@ class CrossbarService(MultiService):
         self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
         address = self.proxy_port.getHost()
         parts.instances.address = f"{getattr(address, 'host', '')}:{getattr(address, 'port', '')}"
-        self._reconfigurable = [
-            parts.hosts.reconfigure,
-            lambda config: parts.hosts.probe_fresh(),  # before any part places on them
-            parts.limiter.reconfigure,
-            parts.warmth.reconfigure,
-            parts.upstream.reconfigure,
-            parts.ids.reconfigure,
-            parts.metrics.reconfigure,
-            self._reconfigure_table,
-            sweep.reconfigure,
-            sites.proxy.reconfigure,
-            sites.resource.reconfigure,
-            sites.api.reconfigure,
-            probes.reconfigure,
-            sweeper.reconfigure,
-            parts.instances.reconfigure,
-            beats.reconfigure,
-            parts.handoff.reconfigure,
-        ]
         self._install_sighup()
         log.info(
             "crossbar listening on {listen} (admin {admin}); {hosts} hosts, {leases} leases",
@@ -230,22 +207,23 @@ class CrossbarService(MultiService):
             if getattr(self._running, key) != getattr(new.server, key)
         ]
         removed = sorted(set(old.hosts) - set(new.hosts))
+        assert self.parts is not None and self.sites is not None
+        table = self.parts.table
+        dropped = sum(table.count_where(None, host, None) for host in removed)
         self.config = new
-        self._dropped = 0
-        for reconfigure in self._reconfigurable:
-            result = reconfigure(new)
+        # Every part that takes a reload, through the one mechanism: the parts in the order
+        # they were built, the sites, then the timers among this service's children.
+        timers = [child for child in self if isinstance(child, Reconfigurable)]
+        for part in [*self.parts.reloadable(), *self.sites.reloadable(), *timers]:
+            result = part.reconfigure(new)
             if isinstance(result, Awaitable):
                 await result
         if removed:
-            notes.append(f"hosts removed: {', '.join(removed)} ({self._dropped} leases dropped)")
+            notes.append(f"hosts removed: {', '.join(removed)} ({dropped} leases dropped)")
         for note in notes:
             log.warn("reload: {note}", note=note)
         log.info("config reloaded from {path}", path=new.path or "(memory)")
         return notes
-
-    async def _reconfigure_table(self, config: Config) -> None:
-        assert self.parts is not None
-        self._dropped = await self.parts.table.reconfigure(config, self.reactor.seconds())
 
     def stopService(self) -> Deferred[None]:
         return Deferred.fromCoroutine(self._stop())

@@ -30,6 +30,18 @@ def _too_large(limit: int) -> ClientError:
 
 
 @frozen
+class Refusal:
+    """A request refused before routing, as far as its request line (and headers) tell: its
+    route ("" when none the config serves), its llama-server path, the shape its error takes
+    and the headers its answer carries (CORS, for a browser app to read it)."""
+
+    route: str = ""
+    path: str = ""
+    shape: ErrorShape = ErrorShape.OPENAI
+    headers: tuple[tuple[bytes, bytes], ...] = ()
+
+
+@frozen
 class _Answer:
     """Just the response headers of an answer written by hand."""
 
@@ -74,8 +86,9 @@ class BoundedRequest(Request):
         self._refused = True
         status = 413
         site = self.channel.site
-        body = _too_large(self._limit()).body(site.error_shape_of_line(self.channel))
-        extra = b"".join(b"%s: %s\r\n" % pair for pair in site.refusal_headers(self))
+        refusal = site.refusal(self.channel, self)
+        body = _too_large(self._limit()).body(refusal.shape)
+        extra = b"".join(b"%s: %s\r\n" % pair for pair in refusal.headers)
         head = (
             b"HTTP/1.1 %d %s\r\n" % (status, phrase(status)) + b"Content-Type: application/json\r\n"
             b"Connection: close\r\n"
@@ -88,7 +101,7 @@ class BoundedRequest(Request):
         transport.write(head + body)
         transport.loseConnection()
         self.content = io.BytesIO()
-        site.refused(self.channel, status, "request body too large")
+        site.refused(refusal, status, "request body too large")
 
 
 class BoundedSite(Site):
@@ -102,16 +115,13 @@ class BoundedSite(Site):
         self.max_body = max_body
         self.noisy = False
 
-    def error_shape_of_line(self, channel: Any) -> ErrorShape:
-        """The error shape for a request refused before it was routed."""
-        return ErrorShape.OPENAI
+    def refusal(self, channel: Any, request: Any = None) -> Refusal:
+        """What a request refused before it reached the resource was for (`request`: its
+        headers are in): read once per refusal."""
+        return Refusal()
 
-    def refusal_headers(self, request: Any) -> list[tuple[bytes, bytes]]:
-        """Headers for a request refused before it was routed (its headers are in)."""
-        return []
-
-    def refused(self, channel: Any, status: int, why: str) -> None:
-        """A request on `channel` was refused before it reached the resource."""
+    def refused(self, refusal: Refusal, status: int, why: str) -> None:
+        """A request was refused before it reached the resource."""
 
 
 class ProxySite(BoundedSite):
@@ -139,44 +149,33 @@ class ProxySite(BoundedSite):
     # Told of each request refused before routing: (route or "", path, status, why).
     on_refused: Callable[[str, str, int, str], None] | None = None
 
-    def refused(self, channel: Any, status: int, why: str) -> None:
+    def refusal(self, channel: Any, request: Any = None) -> Refusal:
+        """Its route from its request line (or its X-Crossbar-Route header when the headers
+        are in), the dialect its path names, the route's CORS headers."""
+        raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")
+        header = header_reader(request.requestHeaders) if request is not None else None
+        try:
+            name, path = split_route(
+                self._config, raw, header("X-Crossbar-Route") if header else None
+            )
+        except ClientError:
+            name, path = "", raw
+        route = self._config.route(name) if name else None
+        shape = classify("POST", path)[0].errors
+        if route is None or header is None:
+            return Refusal("" if route is None else name, path, shape)
+        answer = Headers()
+        cors.mark(_Answer(answer), route, header)
+        headers = tuple((k, v) for k, values in answer.getAllRawHeaders() for v in values)
+        return Refusal(name, path, shape, headers)
+
+    def refused(self, refusal: Refusal, status: int, why: str) -> None:
         """Log and count it like any request (the usage observers), by the route its path
         names when the config has that route."""
-        if self.on_refused is None:
-            return
-        raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")
-        name, path = "", raw
-        try:
-            name, path = split_route(self._config, raw, None)
-        except ClientError:
-            pass
-        route = name if self._config.route(name) is not None else ""
-        self.on_refused(route, path, status, why)
+        if self.on_refused is not None:
+            self.on_refused(refusal.route, refusal.path, status, why)
 
     def log(self, request: Any) -> None:
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the
         # proxy's CPU.
         pass
-
-    def refusal_headers(self, request: Any) -> list[tuple[bytes, bytes]]:
-        """The route's CORS headers, so a browser app can read its 413 too."""
-        header = header_reader(request.requestHeaders)
-        raw = request_line_path(request.channel).split(b"?", 1)[0].decode("utf-8", "replace")
-        try:
-            name, _ = split_route(self._config, raw, header("X-Crossbar-Route"))
-        except ClientError:
-            return []
-        route = self._config.route(name)
-        if route is None:
-            return []
-        answer = Headers()
-        cors.mark(_Answer(answer), route, header)
-        return [(k, v) for k, values in answer.getAllRawHeaders() for v in values]
-
-    def error_shape_of_line(self, channel: Any) -> ErrorShape:
-        raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")
-        try:
-            _, path = split_route(self._config, raw, None)
-        except ClientError:
-            path = raw
-        return classify("POST", path)[0].errors

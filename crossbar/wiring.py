@@ -10,9 +10,9 @@ from __future__ import annotations
 import gc
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-from attrs import frozen
+from attrs import astuple, frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgentEndpointFactory
 
@@ -25,7 +25,7 @@ from crossbar.guard import ContextGuard
 from crossbar.handoff_parts import HandoffParts, build_handoff
 from crossbar.hosts import Hosts
 from crossbar.ids import IdMemory
-from crossbar.instances import Instances
+from crossbar.instances import Instances, SharedSlots
 from crossbar.journal import Journal
 from crossbar.lease import Table
 from crossbar.limiter import Limiter
@@ -35,6 +35,7 @@ from crossbar.placement import Placement
 from crossbar.proxy import ProxyResource
 from crossbar.site import BoundedSite, ProxySite
 from crossbar.store import Store
+from crossbar.sweep import Sweep
 from crossbar.upstream import Upstream
 from crossbar.usage import UsageRecorder
 from crossbar.warmth import Warmth
@@ -62,6 +63,19 @@ class Parts:
     instances: Instances
     follower: Follower
     handoff: HandoffParts
+    sweep: Sweep
+
+    def reloadable(self) -> list[Reconfigurable]:
+        """The parts a reload reaches, in the order they take it: the order above, hosts
+        first (a reload probes the hosts it adds before any other part sees them)."""
+        return [part for part in astuple(self, recurse=False) if isinstance(part, Reconfigurable)]
+
+
+@runtime_checkable
+class Reconfigurable(Protocol):
+    """A part that takes a reloaded config (the service awaits what it returns)."""
+
+    def reconfigure(self, config: Config) -> Any: ...
 
 
 async def build_parts(
@@ -85,21 +99,12 @@ async def build_parts(
     hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
     await hosts.load_draining()
 
-    def in_flight() -> int:
-        return limiter.total_in_flight()
-
-    instances = Instances(
-        store, config, instance, __version__, reactor.seconds(),
-        in_flight, on_change=lambda: limiter.resized_all(), report=journal.report,
-    )  # fmt: skip
-    limiter = Limiter(
-        reactor,
-        lambda h, m: instances.share(hosts.parallel(h, m)),
-        s.queue_max,
-        s.queue_timeout,
-        config,
-    )
-    hosts.add_listener(limiter.resized)
+    instances = Instances(store, config, instance, __version__, reactor.seconds(), journal.report)
+    limiter = Limiter(reactor, SharedSlots(hosts, instances), s.queue_max, s.queue_timeout, config)
+    # What each part hears of the others, all here.
+    instances.count_in_flight = limiter.total_in_flight
+    instances.listeners.append(limiter.resized_all)  # another instance came or went
+    hosts.add_listener(limiter.resized)  # discovery or a reload changed a host's slots
     since = await store.last_change()  # before the leases: what comes after, the follower applies
     warmth = Warmth(config, reactor)
     chooser = Chooser(limiter, held=hosts.held_down, known=hosts.knows_parallel, warmth=warmth)
@@ -121,9 +126,10 @@ async def build_parts(
     handoff = build_handoff(
         config, reactor, table, hosts, limiter, upstream, usage, metrics.registry
     )
+    sweep = Sweep(config, table, store, reactor)
     return Parts(
         reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
-        metrics, instances, follower, handoff,
+        metrics, instances, follower, handoff, sweep,
     )  # fmt: skip
 
 
@@ -150,6 +156,10 @@ class Sites:
     admin: BoundedSite
     resource: ProxyResource
     api: Admin
+
+    def reloadable(self) -> list[Reconfigurable]:
+        """The sites and what serves behind them, for a reload."""
+        return [self.proxy, self.resource, self.api]
 
 
 def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list[str]]]) -> Sites:

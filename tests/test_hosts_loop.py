@@ -170,6 +170,7 @@ def test_reload_adds_and_removes_hosts_and_keeps_the_state_of_the_rest():
         },
         unhealthy_after=1,
     )
+    w.http.health("http://vega:8080", 200)
     w.hosts.reconfigure(new)
     assert w.hosts.names() == ["titan", "vega"]
     assert not w.hosts.healthy("titan") and w.hosts.healthy("vega")
@@ -259,15 +260,20 @@ def test_a_reload_probes_the_hosts_it_adds_or_moves_at_once_and_reads_their_slot
         "vega": {"url": vega, "models": ["qwen"]},  # added
     }
     w.http.calls.clear()
-    w.hosts.reconfigure(config(hosts))
-    assert not w.hosts.knows_parallel("vega", "qwen")
-    assert fired(ensureDeferred(w.hosts.probe_fresh())) == [None]
+    w.http.delay = 1.0  # the answers take a second: the reload waits for them
+    probed = fired(w.hosts.reconfigure(config(hosts)))
+    assert not probed and not w.hosts.knows_parallel("vega", "qwen")
+    w.clock.advance(1)
+    w.clock.advance(1)  # /health, then /props
+    assert probed == [None]
     assert sorted(w.http.urls()) == sorted(
         [vega + "/health", vega + "/props", "http://titan2:8080/health", "http://titan2:8080/props"]
     )  # atlas, unchanged, waits for its turn in the spread schedule
     assert w.hosts.parallel("vega", "qwen") == 6 and w.hosts.knows_parallel("vega", "qwen")
     assert w.hosts.parallel("titan", "qwen") == 2
-    assert fired(ensureDeferred(w.hosts.probe_fresh())) == [None]  # nothing left to probe
+    w.http.calls.clear()
+    assert fired(ensureDeferred(w.hosts.probe_fresh())) == [None]
+    assert w.http.calls == []  # nothing left to probe
 
 
 def test_a_host_down_at_its_first_probe_gets_no_new_leases_but_keeps_its_own():

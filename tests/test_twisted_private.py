@@ -102,7 +102,7 @@ def test_the_request_line_path_is_known_while_the_headers_arrive(path, shape):
         real = request.gotLength
 
         def got_length(length):
-            seen.append((request_line_path(channel), site.error_shape_of_line(channel)))
+            seen.append((request_line_path(channel), site.refusal(channel).shape))
             real(length)
 
         request.gotLength = got_length
