@@ -25,13 +25,13 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.config import Config
+from crossbar.exchange import Exchange
 from crossbar.handoff_store import HandoffStore
 from crossbar.inbound import Inbound
 from crossbar.lease import Table
 from crossbar.lease_types import Key
 from crossbar.prewarm import PREWARMABLE, Outcome, Prewarmer, pack
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.usage import Exchange
 
 log = Logger(namespace="crossbar.handoff")
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)

@@ -26,6 +26,7 @@ from twisted.web.http_headers import Headers
 
 from crossbar.config import Config
 from crossbar.dialects import Kind, classify
+from crossbar.exchange import Exchange
 from crossbar.handoff_store import HandoffStore
 from crossbar.hosts import Hosts
 from crossbar.inbound import Inbound
@@ -34,7 +35,7 @@ from crossbar.limiter import Limiter, LimiterError
 from crossbar.meter import Tokens
 from crossbar.sharing import PREWARM_PRIORITY, RouteLimits
 from crossbar.upstream import Upstream, UpstreamFailure, prepare
-from crossbar.usage import Exchange, UsageRecorder
+from crossbar.usage import UsageRecorder
 
 log = Logger(namespace="crossbar.prewarm")
 # The client APIs whose prompt a replay can warm without generating: llama-server reads

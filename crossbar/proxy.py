@@ -25,6 +25,7 @@ from crossbar.call import Call, Target
 from crossbar.config import Config
 from crossbar.dialects import OPENAI_CHAT, Kind, classify
 from crossbar.errors import INTERNAL, ClientError, bad_request, not_found, unavailable, write_error
+from crossbar.exchange import Exchange
 from crossbar.fingerprint import fingerprint
 from crossbar.guard import ContextGuard
 from crossbar.hosts import Hosts
@@ -37,7 +38,7 @@ from crossbar.refusals import Where, for_exception
 from crossbar.relay import Relay
 from crossbar.routing import check_key, choose_model, resolve_route, split_route
 from crossbar.upstream import Upstream, UpstreamFailure, prepare, renamed_body
-from crossbar.usage import UNKNOWN_ROUTE, Exchange, UsageRecorder
+from crossbar.usage import UNKNOWN_ROUTE, UsageRecorder
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again

@@ -7,16 +7,15 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from attrs import define, field
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from crossbar.exchange import Exchange
 from crossbar.guard import ContextGuard
 from crossbar.ids import IdMemory
 from crossbar.journal import Journal
-from crossbar.meter import Tokens
 from crossbar.records import UsageRow
 
 log = Logger(namespace="crossbar.usage")
@@ -29,26 +28,6 @@ class UsageStore(Protocol):
     """What the recorder needs of the store."""
 
     async def record_usage_rows(self, rows: list[UsageRow]) -> None: ...
-
-
-@define
-class Exchange:
-    """One request as the proxy learns it, step by step; only the proxy writes it."""
-
-    started: float
-    route: str = ""  # "" until the route is known; UNKNOWN_ROUTE on a refusal before it
-    path: str = ""
-    fp: str = ""
-    model: str = ""
-    host: str = ""
-    lease: str = ""  # the X-Crossbar-Lease value: new, reused or pinned
-    prompt_chars: int = 0  # for the guard's learned ratio
-    queue_ms: float = 0.0
-    status: int = 0
-    stream: bool = False
-    first_byte: float | None = None  # clock seconds of the first answer byte
-    tokens: Tokens = field(factory=Tokens)
-    error: str = ""
 
 
 class UsageRecorder:
