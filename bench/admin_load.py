@@ -32,12 +32,12 @@ from overhead import MODEL, chat_body, one_request
 from twisted.internet import defer, task, utils
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.backends import SQLITE
 from crossbar.demo.launch import free_ports, wait_ready
 from crossbar.demo.plan import read_plan
 from crossbar.demo.processes import Processes, command, wait_for_line
-from crossbar.store_rollups import roll_up
-from crossbar.store_setup import migrate
+from crossbar.store.backends import SQLITE
+from crossbar.store.rollups import roll_up
+from crossbar.store.setup import migrate
 
 ROUTE = "bench"
 DASHBOARD = [  # what one refresh of the dashboard asks, plus a Prometheus scrape

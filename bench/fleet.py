@@ -39,7 +39,7 @@ from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
-from crossbar.config import ServerConfig
+from crossbar.config.values import ServerConfig
 from crossbar.demo.launch import free_ports
 from crossbar.demo.processes import Processes, command, wait_for_line
 

@@ -13,9 +13,9 @@ from typing import Any
 from fleet_store import ms
 from twisted.internet import defer
 
-from crossbar.backends import SQLITE
-from crossbar.store_rollups import roll_up
-from crossbar.store_setup import migrate
+from crossbar.store.backends import SQLITE
+from crossbar.store.rollups import roll_up
+from crossbar.store.setup import migrate
 
 FILL = """
 WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)

@@ -25,11 +25,11 @@ def ms(values: list[float]) -> str:
 async def store_burst(reactor: Any, args: argparse.Namespace) -> None:
     """`--burst` new leases (Table.acquire) and as many usage rows at once, in this process,
     on an SQLite file: what the store's commits cost, without HTTP."""
-    from crossbar.chooser import Chooser
-    from crossbar.journal import Journal
-    from crossbar.lease import Key, Table
+    from crossbar.leases.chooser import Chooser
+    from crossbar.leases.journal import Journal
+    from crossbar.leases.table import Key, Table
     from crossbar.records import UsageRow
-    from crossbar.store import Store
+    from crossbar.store.database import Store
 
     work = Path(tempfile.mkdtemp(prefix="crossbar-burst-"))
     store = await Store.open(str(work / "b.db"), reactor)
@@ -76,11 +76,11 @@ class Up:
 
 
 async def expiry(reactor: Any, args: argparse.Namespace) -> None:
-    from crossbar.chooser import Chooser
-    from crossbar.journal import Journal
-    from crossbar.lease import Key, Lease, State, Table
-    from crossbar.lease_types import Change
-    from crossbar.store import Store
+    from crossbar.leases.chooser import Chooser
+    from crossbar.leases.journal import Journal
+    from crossbar.leases.table import Key, Lease, State, Table
+    from crossbar.leases.types import Change
+    from crossbar.store.database import Store
 
     work = Path(tempfile.mkdtemp(prefix="crossbar-expiry-"))
     store = await Store.open(str(work / "e.db"), reactor)
@@ -91,7 +91,7 @@ async def expiry(reactor: Any, args: argparse.Namespace) -> None:
             await store.apply(save=rows[start : start + 20_000])
         table = await Table.load(store, Up(), Chooser(Slots()), 3600.0, Journal(store, reactor))
         del rows
-        from crossbar import wiring
+        from crossbar.app import wiring
 
         freeze_from = getattr(wiring, "_FREEZE_FROM", None)  # as crossbar does at start, if it does
         if freeze_from is not None and len(table) >= freeze_from:
@@ -140,9 +140,9 @@ async def probe_lag(reactor: Any, args: argparse.Namespace, ports: list[str]) ->
     the spread schedule: the reactor's gaps between 5 ms ticks over `--duration` seconds."""
     import time
 
-    from crossbar.config import parse_config
-    from crossbar.hosts import Hosts
-    from crossbar.service import probe_timer
+    from crossbar.app.service import probe_timer
+    from crossbar.config.values import parse_config
+    from crossbar.hosts.registry import Hosts
 
     hosts = {f"h{i:03}": {"url": url, "models": ["m"], "parallel": 1, "ctx": 8192}
              for i, url in enumerate(ports)}  # fmt: skip
@@ -181,9 +181,9 @@ async def probe_cpu(reactor: Any, args: argparse.Namespace, ports: list[str]) ->
     `--rounds` rounds of 199 hosts probed at once (the state machine's own work included)."""
     import time
 
-    from crossbar.config import parse_config
-    from crossbar.health import build_client, treq_getter
-    from crossbar.hosts import Hosts
+    from crossbar.config.values import parse_config
+    from crossbar.hosts.health import build_client, treq_getter
+    from crossbar.hosts.registry import Hosts
 
     hosts = {f"h{i:03}": {"url": url, "models": ["m"], "parallel": 1, "ctx": 8192}
              for i, url in enumerate(ports)}  # fmt: skip

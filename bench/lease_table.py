@@ -19,9 +19,9 @@ from pathlib import Path
 
 from twisted.internet import defer, task
 
-from crossbar.chooser import Chooser
-from crossbar.lease import Key, Lease, State, Table
-from crossbar.store import Store
+from crossbar.leases.chooser import Chooser
+from crossbar.leases.table import Key, Lease, State, Table
+from crossbar.store.database import Store
 
 HOSTS = [f"h{i}" for i in range(8)]
 ROUTES = 100

@@ -30,8 +30,8 @@ from typing import Any
 
 from twisted.internet import defer, task
 
-from crossbar.backends import SQLITE, backend_for
-from crossbar.store import Store
+from crossbar.store.backends import SQLITE, backend_for
+from crossbar.store.database import Store
 
 DAY = 86400.0
 RAW_RETENTION = 2 * DAY

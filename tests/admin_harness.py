@@ -11,8 +11,8 @@ from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.config import load_config
-from crossbar.service import CrossbarService
+from crossbar.app.service import CrossbarService
+from crossbar.config.values import load_config
 from crossbar.testing.fakellama import FakeLlama
 from tests.harness import MODEL, host_table, wait
 

@@ -11,10 +11,10 @@ from twisted.internet.task import Clock
 from twisted.logger import Logger, formatEvent
 from twisted.python.failure import Failure
 
-from crossbar.config import Config, parse_config
-from crossbar.hosts import Hosts
-from crossbar.probe_schedule import ProbeSchedule
-from crossbar.service import probe_timer
+from crossbar.app.service import probe_timer
+from crossbar.config.values import Config, parse_config
+from crossbar.hosts.registry import Hosts
+from crossbar.hosts.schedule import ProbeSchedule
 
 HANG = "hang"
 TITAN, ATLAS = "http://titan:8080", "http://atlas:8080"

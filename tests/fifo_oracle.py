@@ -11,7 +11,7 @@ from attrs import define, field, frozen
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from crossbar.config import Config
+from crossbar.config.values import Config
 
 Release = Callable[[], None]
 Pair = tuple[str, str]  # (host, model)

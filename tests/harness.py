@@ -11,9 +11,9 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.config import Config, parse_config
+from crossbar.app.wiring import Parts, Sites, build_parts, make_sites
+from crossbar.config.values import Config, parse_config
 from crossbar.testing.fakellama import FakeLlama
-from crossbar.wiring import Parts, Sites, build_parts, make_sites
 
 MODEL = "qwen-coder"
 

@@ -10,12 +10,12 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
 
-from crossbar.chooser import Chooser
-from crossbar.lease import Key, Lease, Table
-from crossbar.lease_types import Change, Written
+from crossbar.leases.chooser import Chooser
+from crossbar.leases.table import Key, Lease, Table
+from crossbar.leases.types import Change, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import Store, StoreError
-from crossbar.store_rollups import RolledUp
+from crossbar.store.database import Store, StoreError
+from crossbar.store.rollups import RolledUp
 
 
 @define

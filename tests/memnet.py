@@ -30,8 +30,8 @@ from twisted.test.iosim import FakeTransport, IOPump, connect
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import directlyProvides, implementer
 
-from crossbar.config import parse_config
-from crossbar.wiring import Parts, Sites, build_parts, make_sites
+from crossbar.app.wiring import Parts, Sites, build_parts, make_sites
+from crossbar.config.values import parse_config
 
 MODEL = "qwen-coder"
 

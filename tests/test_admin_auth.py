@@ -10,9 +10,9 @@ from twisted.internet import reactor
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.web.resource import Resource
 
-from crossbar.admin_auth import is_loopback, is_loopback_name
-from crossbar.config import parse_config
-from crossbar.wiring import build_parts, make_sites
+from crossbar.admin.auth import is_loopback, is_loopback_name
+from crossbar.app.wiring import build_parts, make_sites
+from crossbar.config.values import parse_config
 from tests.admin_harness import start_service, write_config
 from tests.harness import MODEL, start_fakes
 

@@ -6,8 +6,8 @@ from lease_fakes import empty_table
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
-from crossbar.admin_pages import CHUNK, LeaseFilter, lease_page
-from crossbar.lease import Key, Lease, State
+from crossbar.admin.pages import CHUNK, LeaseFilter, lease_page
+from crossbar.leases.table import Key, Lease, State
 from tests.admin_harness import conversation, start_service, write_config
 from tests.harness import MODEL, start_fakes
 

@@ -4,8 +4,8 @@ flight and queued; waiters per route on each host; queue metrics by route, templ
 import pytest_twisted
 from twisted.internet.defer import ensureDeferred
 
-from crossbar.config import parse_config
-from crossbar.metrics import UNKNOWN, route_label
+from crossbar.admin.metrics import UNKNOWN, route_label
+from crossbar.config.values import parse_config
 from tests.admin_harness import conversation, start_service, write_config
 from tests.harness import MODEL, host_table, start_fakes, until, wait
 from tests.test_ctl import ctl

@@ -7,11 +7,11 @@ import json
 import pytest
 import pytest_twisted
 
-from crossbar.cli import main
-from crossbar.config import ConfigError, parse_config
-from crossbar.errors import ClientError
-from crossbar.route import Route
-from crossbar.routing import choose_model
+from crossbar.cli.main import main
+from crossbar.config.route import Route
+from crossbar.config.values import ConfigError, parse_config
+from crossbar.proxy.routing import choose_model
+from crossbar.wire.errors import ClientError
 from tests.harness import MODEL, start_crossbar, start_fakes, wait
 
 HOSTS = {

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from crossbar.cli import main
-from crossbar.config import ConfigError, load_config
+from crossbar.cli.main import main
+from crossbar.config.values import ConfigError, load_config
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "config.toml"
@@ -179,7 +179,7 @@ def test_twistd_refuses_a_store_it_cannot_use_in_one_line(tmp_path, make_db, rea
 
 
 def test_a_usable_store_file_is_created_and_migrated_by_the_start_check(tmp_path):
-    from crossbar import store
+    from crossbar.store import database as store
 
     db = tmp_path / "c.db"
     assert store.check(str(db)) is None

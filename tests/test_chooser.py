@@ -4,8 +4,8 @@ way counted), then what each host is doing now, then most free slots, then confi
 import pytest_twisted
 from lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 
-from crossbar.chooser import Chooser, HostView, pick
-from crossbar.lease import Key, Lease, State, Table
+from crossbar.leases.chooser import Chooser, HostView, pick
+from crossbar.leases.table import Key, Lease, State, Table
 
 
 def views(load=None, parallel=None, free=None, peers=(), order=("a", "b")) -> list[HostView]:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from crossbar.config import ConfigError, ServerConfig, parse_config
+from crossbar.config.values import ConfigError, ServerConfig, parse_config
 
 HOSTS = {
     "titan": {"url": "http://10.0.0.5:8080", "models": ["qwen-coder"], "parallel": 4},
@@ -112,13 +112,13 @@ def test_a_template_serves_every_name_its_glob_matches_and_only_those():
 
 
 def test_a_template_route_is_made_once_per_config_and_remembered_within_a_bound(monkeypatch):
-    import crossbar.config
+    import crossbar.config.values
 
     templates = {"projects": {"match": "proj-*", "hosts": ["atlas"]}}
     c = config(templates=templates)
     assert c.route("proj-alpha") is c.route("proj-alpha")  # made once, asked many times
     assert config(templates=templates).route("proj-alpha") is not c.route("proj-alpha")
-    monkeypatch.setattr(crossbar.config, "_RESOLVED_MAX", 2)
+    monkeypatch.setattr(crossbar.config.values, "_RESOLVED_MAX", 2)
     names = [f"proj-{i}" for i in range(5)]
     for name in names:
         assert c.route(name).name == name  # still served past the bound, made each time

@@ -2,8 +2,8 @@
 
 import pytest
 
-from crossbar.config import ConfigError, parse_config
-from crossbar.sharing import PREWARM_PRIORITY, PRIORITY_MAX, PRIORITY_MIN, RouteLimits
+from crossbar.config.limits import PREWARM_PRIORITY, PRIORITY_MAX, PRIORITY_MIN, RouteLimits
+from crossbar.config.values import ConfigError, parse_config
 
 HOSTS = {"titan": {"url": "http://10.0.0.5:8080", "models": ["qwen-coder"], "parallel": 4}}
 

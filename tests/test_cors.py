@@ -12,7 +12,7 @@ from twisted.internet.threads import deferToThread
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from crossbar.config import ConfigError, parse_config
+from crossbar.config.values import ConfigError, parse_config
 from tests.browser import CHROMIUM, element, render
 from tests.harness import MODEL, start_crossbar, start_fakes, wait
 

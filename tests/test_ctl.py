@@ -8,8 +8,8 @@ import socket
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from crossbar.cli import build_parser, main
-from crossbar.ctl import table
+from crossbar.cli.ctl import table
+from crossbar.cli.main import build_parser, main
 from tests.admin_harness import conversation, start_service, write_config
 from tests.fleet import start_fleet
 from tests.harness import MODEL, start_fakes, wait

@@ -19,8 +19,8 @@ import termios
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from crossbar.cli import main
-from crossbar.top import Snapshot, frame, moves
+from crossbar.cli.main import main
+from crossbar.cli.top import Snapshot, frame, moves
 from tests.admin_harness import conversation, start_service, write_config
 from tests.harness import MODEL, start_fakes, turn, wait
 

@@ -8,7 +8,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from crossbar.lease import Key, Lease, State
+from crossbar.leases.table import Key, Lease, State
 from tests.admin_harness import conversation, start_service, write_config
 from tests.browser import CHROMIUM, element, render
 from tests.harness import MODEL, start_fakes, wait

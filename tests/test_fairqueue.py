@@ -7,8 +7,8 @@ from itertools import count
 
 from attrs import define
 
-from crossbar.fairqueue import FairQueue
-from crossbar.sharing import RouteLimits
+from crossbar.config.limits import RouteLimits
+from crossbar.limiter.fairqueue import FairQueue
 
 
 @define(eq=False)

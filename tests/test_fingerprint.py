@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crossbar.dialects import classify
-from crossbar.fingerprint import SESSION_HEADERS, fingerprint
+from crossbar.proxy.fingerprint import SESSION_HEADERS, fingerprint
+from crossbar.wire.dialects import classify
 
 CHAT = "/v1/chat/completions"
 

@@ -10,8 +10,8 @@ from lease_fakes import FakeHosts, MemoryStore, run_now
 from test_hosts_http import closed_port, make_hosts, probe
 from twisted.logger import formatEvent, globalLogPublisher
 
-from crossbar.chooser import Chooser, HostView, pick
-from crossbar.lease import Key, Table
+from crossbar.leases.chooser import Chooser, HostView, pick
+from crossbar.leases.table import Key, Table
 
 
 def flapping_world(**server: object) -> World:

@@ -7,7 +7,7 @@ import json
 import pytest_twisted
 from twisted.internet.defer import DeferredList, ensureDeferred
 
-from crossbar.lease import Key
+from crossbar.leases.table import Key
 from tests.admin_harness import conversation
 from tests.fleet import beat_all, percentile, start_fleet, within
 from tests.harness import MODEL, start_fakes, wait

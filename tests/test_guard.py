@@ -4,9 +4,9 @@ context is refused; a large max_tokens is passed through; an estimate only decid
 import pytest
 import pytest_twisted
 
-from crossbar.bodies import prompt_chars
-from crossbar.errors import ClientError
-from crossbar.guard import ContextGuard
+from crossbar.proxy.guard import ContextGuard
+from crossbar.wire.bodies import prompt_chars
+from crossbar.wire.errors import ClientError
 
 
 def check(guard: ContextGuard, model: str, host: str, limit, body: dict, count):

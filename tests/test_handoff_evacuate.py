@@ -15,7 +15,7 @@ from typing import Any
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from crossbar.lease import Key
+from crossbar.leases.table import Key
 from tests.harness import MODEL, Crossbar, start_crossbar, start_fakes, turn, wait
 
 ROUTES = {"convo": {"hosts": ["a", "b", "c"], "default_model": MODEL}}

@@ -8,9 +8,9 @@ import zlib
 import pytest_twisted
 from twisted.internet import reactor
 
-from crossbar.handoff_parts import store_parent
-from crossbar.handoff_store import HandoffStore
-from crossbar.lease import Key
+from crossbar.handoff.kept import HandoffStore
+from crossbar.handoff.parts import store_parent
+from crossbar.leases.table import Key
 from tests.harness import wait
 
 

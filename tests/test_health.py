@@ -7,7 +7,7 @@ from twisted.internet import error
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed, ResponseNeverReceived
 
-from crossbar.health import (
+from crossbar.hosts.health import (
     Health,
     Probe,
     ProbeTimeout,

@@ -6,7 +6,7 @@ import pytest
 from fake_hosts import ATLAS, HANG, TITAN, FakeStore, World, config, fired, run
 from twisted.internet.error import ConnectionRefusedError
 
-from crossbar.hosts import NoSuchHost
+from crossbar.hosts.registry import NoSuchHost
 
 
 def test_hosts_start_healthy_so_a_restart_moves_nobody():

@@ -9,7 +9,7 @@ import json
 import pytest
 from fake_hosts import TITAN, World, config
 
-from crossbar.config import ConfigError, parse_config
+from crossbar.config.values import ConfigError, parse_config
 
 ROUTER = {"titan": {"url": TITAN, "models": "discover"}}
 PROPS = "?model={}&autoload=false"
@@ -115,7 +115,7 @@ def test_discover_is_the_only_word_models_takes_and_routes_may_name_what_it_will
 
 
 def test_check_describes_a_discovering_host_and_what_its_routes_may_serve():
-    from crossbar.describe import describe
+    from crossbar.cli.check import describe
 
     text = describe(
         parse_config(

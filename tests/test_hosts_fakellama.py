@@ -5,8 +5,8 @@ from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.web.client import Agent, HTTPConnectionPool
 
-from crossbar.config import parse_config
-from crossbar.hosts import Hosts
+from crossbar.config.values import parse_config
+from crossbar.hosts.registry import Hosts
 from tests.harness import MODEL, start_fakes, wait
 
 

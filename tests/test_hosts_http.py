@@ -17,7 +17,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from crossbar.hosts import Hosts
+from crossbar.hosts.registry import Hosts
 
 LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 PROPS = {"total_slots": 3, "default_generation_settings": {"n_ctx": 4096}}

@@ -6,10 +6,10 @@ import pytest
 from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
 from twisted.internet.defer import ensureDeferred
 
-from crossbar.hosts import Hosts
-from crossbar.limiter import Limiter
-from crossbar.probe_schedule import SLOTS, phase
-from crossbar.service import probe_timer
+from crossbar.app.service import probe_timer
+from crossbar.hosts.registry import Hosts
+from crossbar.hosts.schedule import SLOTS, phase
+from crossbar.limiter.slots import Limiter
 
 
 def health_times(w: World, base: str) -> list[float]:

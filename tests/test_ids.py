@@ -1,7 +1,7 @@
 """Completion ids are remembered with their host, bounded in number and in time."""
 
-from crossbar.config import parse_config
-from crossbar.ids import IdMemory
+from crossbar.config.values import parse_config
+from crossbar.proxy.ids import IdMemory
 
 
 def config_without_titan(**server):

@@ -4,7 +4,7 @@ import pytest
 import pytest_twisted
 from lease_fakes import FakeHosts, MemoryStore, hosts_of, make_table, run_now, story
 
-from crossbar.lease import Acquired, Key, Lease, NoHost, PinnedDown, State, Table
+from crossbar.leases.table import Acquired, Key, Lease, NoHost, PinnedDown, State, Table
 
 K = Key("convo", "f1", "m")
 AB = ["a", "b"]

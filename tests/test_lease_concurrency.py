@@ -5,7 +5,7 @@ import pytest_twisted
 from lease_fakes import HeldStore, hosts_of, make_table, story
 from twisted.internet.defer import CancelledError, DeferredList, ensureDeferred
 
-from crossbar.lease import Acquired, Key
+from crossbar.leases.table import Acquired, Key
 
 K = Key("convo", "f1", "m")
 AB = ["a", "b"]

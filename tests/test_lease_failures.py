@@ -7,8 +7,8 @@ from lease_fakes import FailingStore, FakeHosts, HeldStore, hosts_of, make_table
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 
-from crossbar.journal import StoreUnavailable
-from crossbar.lease import Key, pin_key
+from crossbar.leases.journal import StoreUnavailable
+from crossbar.leases.table import Key, pin_key
 
 AB = ["a", "b"]
 F1 = Key("convo", "f1", "m")

@@ -4,8 +4,8 @@ store fails), and never one that was refused."""
 import pytest
 from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
-from crossbar.journal import StoreUnavailable
-from crossbar.lease import Key
+from crossbar.leases.journal import StoreUnavailable
+from crossbar.leases.table import Key
 
 AB = ["a", "b"]
 

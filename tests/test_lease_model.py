@@ -20,9 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
-from crossbar.chooser import HostView, pick
-from crossbar.journal import StoreUnavailable
-from crossbar.lease import Acquired, Key, LeaseError, Table
+from crossbar.leases.chooser import HostView, pick
+from crossbar.leases.journal import StoreUnavailable
+from crossbar.leases.table import Acquired, Key, LeaseError, Table
 from crossbar.records import LeaseEvent
 
 IDLE = 100.0

@@ -4,7 +4,7 @@ import pytest
 import pytest_twisted
 from lease_fakes import FakeHosts, hosts_of, make_table, open_store, story
 
-from crossbar.lease import Acquired, Key, Lease, State, UnknownHost
+from crossbar.leases.table import Acquired, Key, Lease, State, UnknownHost
 
 AB = ["a", "b"]
 

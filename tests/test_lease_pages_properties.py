@@ -11,9 +11,9 @@ from lease_fakes import empty_table
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
-from crossbar import admin_pages
-from crossbar.admin_pages import LeaseFilter, encode_cursor, lease_page
-from crossbar.lease import Key, Lease, State, Table
+from crossbar.admin import pages as admin_pages
+from crossbar.admin.pages import LeaseFilter, encode_cursor, lease_page
+from crossbar.leases.table import Key, Lease, State, Table
 
 FIXTURE = [HealthCheck.function_scoped_fixture]  # CHUNK is the same for every example
 ROUTES = ("a", "b", "b2", "c", "d")

@@ -8,8 +8,8 @@ import pytest
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 
-from crossbar.config import parse_config
-from crossbar.limiter import Limiter, QueueFull, QueueTimeout, Release
+from crossbar.config.values import parse_config
+from crossbar.limiter.slots import Limiter, QueueFull, QueueTimeout, Release
 
 H, M = "titan", "qwen"
 

@@ -13,9 +13,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from crossbar.config import Config, parse_config
-from crossbar.limiter import Limiter, Release
-from crossbar.sharing import RouteLimits
+from crossbar.config.limits import RouteLimits
+from crossbar.config.values import Config, parse_config
+from crossbar.limiter.slots import Limiter, Release
 from tests import fifo_oracle
 
 KEYS = [("titan", "qwen"), ("atlas", "qwen")]

@@ -10,7 +10,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore
 from twisted.internet.task import Clock
 
-from crossbar.limiter import Limiter, QueueFull, QueueTimeout, Release
+from crossbar.limiter.slots import Limiter, QueueFull, QueueTimeout, Release
 
 KEYS = [("titan", "qwen"), ("atlas", "qwen")]
 TIMEOUT = 10

@@ -7,9 +7,9 @@ from collections import Counter
 
 from twisted.internet.task import Clock
 
-from crossbar.config import parse_config
-from crossbar.limiter import Limiter, QueueFull, RouteQueueFull
-from crossbar.sharing import RouteLimits
+from crossbar.config.limits import RouteLimits
+from crossbar.config.values import parse_config
+from crossbar.limiter.slots import Limiter, QueueFull, RouteQueueFull
 from tests.test_limiter import Outcome
 
 H, A, M = "titan", "atlas", "qwen"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from twisted.logger import Logger, formatEvent, globalLogPublisher
 
-from crossbar.logs import log_request
+from crossbar.app.logs import log_request
 from crossbar.records import UsageRow
 
 TWISTD = str(Path(sys.executable).parent / "twistd")
@@ -83,7 +83,7 @@ def test_twistd_with_the_json_logger_writes_json_records(tmp_path):
 
 
 def test_the_json_observer_writes_one_parseable_record_per_event(capsys):
-    from crossbar.logs import json_observer
+    from crossbar.app.logs import json_observer
 
     observer = json_observer()
     Logger(namespace="crossbar.request", observer=observer).info("hello {who}", who="operator")

@@ -2,8 +2,8 @@
 
 import json
 
-from crossbar.dialects import ANTHROPIC, RESPONSES
-from crossbar.meter import Meter
+from crossbar.wire.dialects import ANTHROPIC, RESPONSES
+from crossbar.wire.meter import Meter
 
 
 def sse(*events, done=True) -> bytes:

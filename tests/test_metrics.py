@@ -7,12 +7,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
 
-from crossbar.config import parse_config
-from crossbar.guard import ContextGuard
-from crossbar.hosts import Hosts
-from crossbar.journal import Journal
-from crossbar.limiter import Limiter
-from crossbar.metrics import Metrics
+from crossbar.admin.metrics import Metrics
+from crossbar.config.values import parse_config
+from crossbar.hosts.registry import Hosts
+from crossbar.leases.journal import Journal
+from crossbar.limiter.slots import Limiter
+from crossbar.proxy.guard import ContextGuard
 from crossbar.records import LeaseEvent, UsageRow
 from tests.admin_harness import conversation, start_service, write_config
 from tests.harness import MODEL, start_fakes, turn, until, wait

@@ -10,8 +10,8 @@ import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from crossbar.cli import main
-from crossbar.store_setup import check
+from crossbar.cli.main import main
+from crossbar.store.setup import check
 from tests.admin_harness import conversation
 from tests.fleet import start_fleet
 from tests.harness import MODEL, start_fakes, wait

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from crossbar.prewarm import suppressed
+from crossbar.handoff.prewarm import suppressed
 from tests.harness import MODEL, start_crossbar, start_fakes, turn, until, wait
 from tests.test_handoff_evacuate import opening
 

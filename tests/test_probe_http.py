@@ -16,10 +16,10 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
-from crossbar.config import parse_config
-from crossbar.health import Prober, failure_reason
-from crossbar.hosts import Hosts
-from crossbar.probe_http import LeanGetter
+from crossbar.config.values import parse_config
+from crossbar.hosts.health import Prober, failure_reason
+from crossbar.hosts.lean_get import LeanGetter
+from crossbar.hosts.registry import Hosts
 from tests.harness import MODEL, start_fakes, wait
 
 URL = "http://10.0.0.7:8080"

@@ -8,8 +8,8 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web.client import ResponseFailed
 
-from crossbar.dialects import classify as dialect_of
-from crossbar.upstream import classify
+from crossbar.wire.dialects import classify as dialect_of
+from crossbar.wire.upstream import classify
 from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}

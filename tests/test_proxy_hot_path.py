@@ -13,8 +13,8 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from crossbar.channel import ProxyChannel
-from crossbar.endpoints import HostEndpoints
+from crossbar.proxy.channel import ProxyChannel
+from crossbar.wire.endpoints import HostEndpoints
 from tests.harness import MODEL, start_crossbar, wait
 
 ANSWER = json.dumps({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}}).encode()

@@ -5,7 +5,7 @@ import pytest
 from memnet import MODEL, chat, start
 from twisted.internet.defer import ensureDeferred
 
-from crossbar.lease import Key
+from crossbar.leases.table import Key
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 CHAT = "/r/convo/v1/chat/completions"

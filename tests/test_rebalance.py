@@ -11,7 +11,7 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from crossbar.rebalance import Rebalancer
+from crossbar.handoff.rebalance import Rebalancer
 from tests.harness import MODEL, start_crossbar, start_fakes, turn, until, wait
 from tests.test_handoff_evacuate import opening
 

@@ -9,8 +9,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString
 from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import Factory, Protocol
 
-from crossbar.config import ConfigError, parse_config
-from crossbar.reuseport import ReusePortEndpoint
+from crossbar.app.reuseport import ReusePortEndpoint
+from crossbar.config.values import ConfigError, parse_config
 from tests.harness import wait
 
 

@@ -8,7 +8,7 @@ import treq
 from twisted.internet.error import ConnectionRefusedError
 from twisted.web.client import ResponseFailed
 
-from crossbar.config import ConfigError
+from crossbar.config.values import ConfigError
 from tests.admin_harness import start_service, write_config
 from tests.harness import MODEL, host_table, start_fakes, wait
 

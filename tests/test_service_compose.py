@@ -6,10 +6,10 @@ from twisted.application.internet import StreamServerEndpointService, TimerServi
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock
 
-from crossbar.config import parse_config
-from crossbar.probe_schedule import ProbeSchedule
-from crossbar.service import make_service
-from crossbar.tap import Options, makeService
+from crossbar.app.service import make_service
+from crossbar.app.tap import Options, makeService
+from crossbar.config.values import parse_config
+from crossbar.hosts.schedule import ProbeSchedule
 
 CONFIG = {
     "server": {

@@ -3,7 +3,7 @@ going first, and a result too big to be worth keeping is not kept."""
 
 import sqlite3
 
-from crossbar.settled import SettledRows
+from crossbar.store.settled import SettledRows
 
 
 def cursor():

@@ -8,14 +8,14 @@ from functools import partial
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crossbar.admin_views import top_usage
-from crossbar.backends import POSTGRES, SQLITE, Backend
+from crossbar.admin.views import top_usage
 from crossbar.records import UsageRow
-from crossbar.settled import SettledRows
-from crossbar.store import _USAGE_INSERT, _prune, _usage_values
-from crossbar.store_queries import usage_series_rows, usage_totals_rows
-from crossbar.store_rollups import ROLLUP_LAG, roll_up
-from crossbar.store_setup import init_connection, migrate
+from crossbar.store.backends import POSTGRES, SQLITE, Backend
+from crossbar.store.database import _USAGE_INSERT, _prune, _usage_values
+from crossbar.store.reports import usage_series_rows, usage_totals_rows
+from crossbar.store.rollups import ROLLUP_LAG, roll_up
+from crossbar.store.settled import SettledRows
+from crossbar.store.setup import init_connection, migrate
 from tests.pg import need_postgres, pg_schema
 
 DAY = 86400.0

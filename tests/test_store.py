@@ -11,10 +11,10 @@ import pytest
 import pytest_twisted
 from lease_fakes import open_store
 
-from crossbar.lease import Key, Lease, State
+from crossbar.leases.table import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import StoreError
-from crossbar.store_setup import migrations
+from crossbar.store.database import StoreError
+from crossbar.store.setup import migrations
 
 
 def lease(route="r", fp="f", model="m", host="a", at=1.0, state=State.ACTIVE) -> Lease:
@@ -282,7 +282,7 @@ async def test_a_directory_is_not_a_database(tmp_path):
 OPEN_SCRIPT = """
 import sys
 from twisted.internet import defer, task
-from crossbar.store import Store, StoreError
+from crossbar.store.database import Store, StoreError
 
 async def main(reactor):
     try:

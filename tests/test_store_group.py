@@ -13,10 +13,10 @@ from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.lease import Key, Lease, State
-from crossbar.lease_types import Change
+from crossbar.leases.table import Key, Lease, State
+from crossbar.leases.types import Change
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import StoreError
+from crossbar.store.database import StoreError
 
 
 def new_lease(fp: str) -> Change:

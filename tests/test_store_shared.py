@@ -5,9 +5,9 @@ heartbeats."""
 import pytest_twisted
 from lease_fakes import open_store
 
-from crossbar.lease_types import Change, Key, Lease, State
+from crossbar.leases.types import Change, Key, Lease, State
 from crossbar.records import LeaseEvent
-from crossbar.store import InstanceRow
+from crossbar.store.database import InstanceRow
 
 K = Key("convo", "f1", "m")
 

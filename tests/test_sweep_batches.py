@@ -8,11 +8,11 @@ from lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from crossbar.chooser import Chooser
-from crossbar.journal import Journal
-from crossbar.lease import Key, Lease, State, Table
-from crossbar.lease_expiry import SCAN_SLICE
-from crossbar.lease_types import Change, Written
+from crossbar.leases.chooser import Chooser
+from crossbar.leases.expiry import SCAN_SLICE
+from crossbar.leases.journal import Journal
+from crossbar.leases.table import Key, Lease, State, Table
+from crossbar.leases.types import Change, Written
 
 
 @define
@@ -85,8 +85,8 @@ def test_a_large_table_is_scanned_in_slices_with_the_reactor_free_between():
 
 
 def test_the_sweep_takes_its_batch_from_the_config():
-    from crossbar.config import parse_config
-    from crossbar.sweep import Sweep
+    from crossbar.app.sweep import Sweep
+    from crossbar.config.values import parse_config
 
     store = CountingStore(rows=leases(30))
     clock = Clock()
@@ -101,7 +101,7 @@ def test_the_sweep_takes_its_batch_from_the_config():
 def test_the_new_keys_are_checked_with_their_dotted_paths():
     import pytest
 
-    from crossbar.config import ConfigError, parse_config
+    from crossbar.config.values import ConfigError, parse_config
 
     a = {"url": "http://a:8080", "models": ["m"]}
     bad = {"sweep_batch": 0, "flap_window": "soon", "flap_holddown_max": 5}

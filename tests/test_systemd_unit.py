@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from crossbar.tap import Options
+from crossbar.app.tap import Options
 
 UNITS = pathlib.Path(__file__).resolve().parent.parent / "examples" / "systemd"
 # Each unit and the config file it runs with.

@@ -8,16 +8,16 @@ from twisted.web.client import Request
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
-from crossbar.config import parse_config
-from crossbar.dialects import ErrorShape
-from crossbar.site import ProxySite
-from crossbar.twisted_private import (
+from crossbar.config.values import parse_config
+from crossbar.proxy.site import ProxySite
+from crossbar.wire.dialects import ErrorShape
+from crossbar.wire.twisted_private import (
     RequestNotSent,
     connection_headers,
     quiet_pool,
     request_line_path,
 )
-from crossbar.upstream import classify
+from crossbar.wire.upstream import classify
 
 
 class _Server:

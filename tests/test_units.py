@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crossbar.units import format_duration, format_size, parse_duration, parse_size
+from crossbar.config.units import format_duration, format_size, parse_duration, parse_size
 
 
 @pytest.mark.parametrize(

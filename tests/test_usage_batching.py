@@ -4,11 +4,11 @@ a write is in flight, so a busy crossbar pays one commit per batch, not per requ
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from crossbar.exchange import Exchange
-from crossbar.guard import ContextGuard
-from crossbar.ids import IdMemory
-from crossbar.journal import Journal
-from crossbar.usage import UsageRecorder
+from crossbar.leases.journal import Journal
+from crossbar.proxy.guard import ContextGuard
+from crossbar.proxy.ids import IdMemory
+from crossbar.proxy.usage import UsageRecorder
+from crossbar.wire.exchange import Exchange
 
 
 class SlowStore:

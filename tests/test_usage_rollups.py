@@ -6,11 +6,11 @@ import sqlite3
 
 import pytest_twisted
 
-from crossbar.backends import SQLITE
 from crossbar.records import UsageRow
-from crossbar.store_queries import usage_series_rows, usage_totals_rows
-from crossbar.store_rollups import ROLLUP_LAG, roll_up
-from crossbar.store_setup import init_connection, migrate
+from crossbar.store.backends import SQLITE
+from crossbar.store.reports import usage_series_rows, usage_totals_rows
+from crossbar.store.rollups import ROLLUP_LAG, roll_up
+from crossbar.store.setup import init_connection, migrate
 
 DAY = 86400.0
 NOW = 40 * DAY  # a clock far from zero, as real ones are
@@ -170,8 +170,8 @@ def test_every_report_and_sweep_statement_reads_its_range_on_an_index(tmp_path):
 async def test_the_sweep_sums_a_day_of_backlog_per_run_and_prunes_raw_rows_after_48h(store):
     from twisted.internet.task import Clock
 
-    from crossbar.config import parse_config
-    from crossbar.sweep import ROLLUP_STEPS, Sweep
+    from crossbar.app.sweep import ROLLUP_STEPS, Sweep
+    from crossbar.config.values import parse_config
     from tests.lease_fakes import make_table
 
     await fill(store)  # four days of rows

@@ -3,10 +3,10 @@ to keep is its capacity; new conversations go where the active ones leave room."
 
 from twisted.internet.task import Clock
 
-from crossbar.config import parse_config
-from crossbar.lease import Key, Lease, State
+from crossbar.config.values import parse_config
+from crossbar.leases.table import Key, Lease, State
+from crossbar.leases.warmth import ACTIVE_WINDOW, Warmth
 from crossbar.records import LeaseEvent
-from crossbar.warmth import ACTIVE_WINDOW, Warmth
 
 HOSTS = {
     "titan": {"url": "http://titan:8080", "models": ["m"]},

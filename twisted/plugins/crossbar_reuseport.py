@@ -1,5 +1,5 @@
 """The `reuseport:` endpoint string prefix: several crossbar processes on one port."""
 
-from crossbar.reuseport import ReusePortParser
+from crossbar.app.reuseport import ReusePortParser
 
 reuseport = ReusePortParser()

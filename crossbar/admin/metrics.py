@@ -1,0 +1,391 @@
+"""Prometheus metrics of one crossbar (SPEC §10), on a registry of its own.
+
+Request numbers come from the usage rows (a `UsageRecorder` observer); lease changes from the
+table's listeners; everything that is a state rather than a count (in flight, queued, leases,
+host health, the cache-hit ratio) and the counters other parts keep (the guard's, the
+limiter's, the prober's) are read from the live objects when Prometheus scrapes, so they can
+never drift from what the admin API shows.
+
+Label values are bounded by the config (crossbar.metrics_labels): a route a template serves is
+labelled `template:<name>` unless `server.metrics_routes` lists it, a route or host no config
+names is "(unknown)", and a reload drops the series of routes and hosts it removed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from crossbar.admin.labels import UNKNOWN, Seen, host_stands, label_stands, route_label
+from crossbar.cluster.instances import Instances
+from crossbar.config.values import Config
+from crossbar.hosts.registry import Hosts
+from crossbar.leases.table import Table
+from crossbar.leases.warmth import Warmth
+from crossbar.limiter.slots import Limiter
+from crossbar.proxy.guard import ContextGuard
+from crossbar.proxy.usage import UsageRecorder
+from crossbar.records import LeaseEvent, UsageRow
+
+__all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]
+
+# Seconds: a queue wait or a first byte ranges from a free slot (ms) to a long prefill (minutes).
+_BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class Metrics:
+    """crossbar's metrics: `observe` hears usage rows, `lease_event` lease changes; `render`
+    is the /metrics body."""
+
+    def __init__(
+        self,
+        config: Config,
+        table: Table,
+        hosts: Hosts,
+        limiter: Limiter,
+        guard: ContextGuard,
+        usage: UsageRecorder | None = None,
+        instances: Instances | None = None,
+        warmth: Warmth | None = None,
+    ) -> None:
+        self.config = config
+        self.warmth = warmth
+        self.table = table
+        self.hosts = hosts
+        self.limiter = limiter
+        self.guard = guard
+        self.usage = usage
+        self.instances = instances
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "crossbar_requests",
+            "Requests crossbar answered, by route, host, model and HTTP status.",
+            ["route", "host", "model", "status"],
+            registry=r,
+        )
+        self.request_errors = Counter(
+            "crossbar_request_errors",
+            "Requests that failed (status >= 400, or broken mid-stream).",
+            ["route", "host", "model"],
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "crossbar_queue_wait_seconds",
+            "Time inference requests waited for a slot, by route (templates folded), host, model.",
+            ["route", "host", "model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.ttfb = Histogram(
+            "crossbar_ttfb_seconds",
+            "Time from a request's arrival to the first response byte from its host.",
+            ["route", "host", "model"],
+            buckets=_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "crossbar_tokens",
+            "Tokens by kind: prompt (all of it), cached (of the prompt), completion.",
+            ["route", "host", "model", "kind"],
+            registry=r,
+        )
+        self.lease_events = Counter(
+            "crossbar_lease_events",
+            "Lease changes by reason: leases born, moved, dropped; routes pinned and unpinned.",
+            ["reason"],
+            registry=r,
+        )
+        self.lease_moves = Counter(
+            "crossbar_lease_moves",
+            "Conversations moved from one host to another (their prompt cache is lost), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        # The ratio is cached/prompt over all requests so far, per route.
+        self._prompt: dict[str, int] = defaultdict(int)
+        self._cached: dict[str, int] = defaultdict(int)
+        self._seen = Seen()
+        r.register(_Live(self))
+
+    def reconfigure(self, config: Config) -> None:
+        """Label by the reloaded config's routes, hosts and models; drop the series of the
+        routes and hosts it no longer has."""
+        self.config = config
+
+        def stale(values: tuple[str, ...]) -> bool:
+            route, host = values[0], values[1]
+            return not (label_stands(config, route) and host_stands(config, host))
+
+        self._seen.forget_stale(stale)
+        for route in [r for r in self._prompt if not label_stands(config, r)]:
+            del self._prompt[route]
+            self._cached.pop(route, None)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)
+
+    # -- what happened
+
+    def observe(self, row: UsageRow) -> None:
+        """One finished request (a UsageRecorder observer)."""
+        if row.lease == "prewarm":
+            return  # crossbar's own hand-off work, counted apart (prewarm.py)
+        route, host, model = self._labels(row)
+        seen = self._seen
+        seen.labels(self.requests, route, host, model, str(row.status)).inc()
+        if row.status >= 400 or row.error:
+            seen.labels(self.request_errors, route, host, model).inc()
+        if row.queue_ms is not None and host:
+            seen.labels(self.queue_wait, route, host, model).observe(row.queue_ms / 1000)
+        if row.ttfb_ms is not None:
+            seen.labels(self.ttfb, route, host, model).observe(row.ttfb_ms / 1000)
+        for kind, n in (
+            ("prompt", row.prompt_tokens),
+            ("cached", row.cached_tokens),
+            ("completion", row.completion_tokens),
+        ):
+            if n:
+                seen.labels(self.tokens, route, host, model, kind).inc(n)
+        if row.prompt_tokens:
+            self._prompt[route] += row.prompt_tokens
+            self._cached[route] += row.cached_tokens
+
+    def lease_event(self, event: LeaseEvent) -> None:
+        """One saved lease change (a Table listener)."""
+        self.lease_events.labels(event.reason).inc()
+        if event.from_host and event.to_host and event.model:  # not a pin row
+            self.lease_moves.labels(event.reason).inc()
+
+    def _labels(self, row: UsageRow) -> tuple[str, str, str]:
+        config = self.config
+        route = route_label(config, row.route)
+        host = row.host if row.host in config.hosts else ("" if not row.host else UNKNOWN)
+        served = any(self.hosts.model(h, row.model) is not None for h in config.hosts)
+        model = row.model if served else ("" if not row.model else UNKNOWN)
+        return route, host, model
+
+    def cache_hit_ratios(self) -> dict[str, float]:
+        """route label -> cached / prompt tokens over every request seen."""
+        return {r: self._cached[r] / p for r, p in self._prompt.items() if p}
+
+
+def _queued_by_route(config: Config, limiter: Limiter, host: str, model: str) -> dict[str, int]:
+    """Waiters of (host, model) by route label; every route or template that may queue there
+    has a series (0 when nobody waits), so the series do not come and go with the traffic."""
+    counts: dict[str, int] = {}
+    served = host in config.hosts and config.hosts[host].model(model) is not None
+    if served:
+        for name, route in config.routes.items():
+            if host in route.hosts and route.queues():
+                counts[name] = 0
+        for template in config.templates:
+            if host in template.route.hosts and template.route.queues():
+                counts.setdefault(f"template:{template.name}", 0)
+    for name, n in limiter.queued_by_route(host, model).items():
+        label = route_label(config, name)
+        counts[label] = counts.get(label, 0) + n
+    return counts
+
+
+class _Live:
+    """A collector reading crossbar's current state at scrape time."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        """Slots and queues per host and model, then hosts and leases, then cache hits and
+        the guard's counters."""
+        m = self._metrics
+        yield from _slots(m.config, m.hosts, m.limiter)
+        yield from _hosts(m.config, m.hosts, m.table)
+        if m.warmth is not None:
+            yield from _warmth(m.config, m.warmth)
+        ratio = GaugeMetricFamily(
+            "crossbar_cache_hit_ratio",
+            "Cached prompt tokens / prompt tokens per route, since start.",
+            labels=["route"],
+        )
+        for route, value in sorted(m.cache_hit_ratios().items()):
+            ratio.add_metric([route], value)
+        yield ratio
+        yield CounterMetricFamily(
+            "crossbar_guard_exact_counts",
+            "Prompts the context guard had the host count exactly.",
+            value=m.guard.exact_counts,
+        )
+        yield CounterMetricFamily(
+            "crossbar_guard_refused",
+            "Requests the context guard refused (context_length_exceeded).",
+            value=m.guard.refused,
+        )
+        yield from _store(m)
+
+
+def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
+    counted = {(s.host, s.model): s for s in limiter.snapshot()}
+    configured = [(n, m.name) for n in config.hosts for m in hosts.models(n)]
+    pairs = configured + sorted(counted.keys() - set(configured))  # + hosts just removed
+    pair = ["host", "model"]
+    gauges = {
+        "in_flight": GaugeMetricFamily(
+            "crossbar_in_flight", "Requests being served, per host and model.", labels=pair
+        ),
+        "queued": GaugeMetricFamily(
+            "crossbar_queued",
+            "Requests waiting for a slot, per host, model and route (templates folded).",
+            labels=[*pair, "route"],
+        ),
+        "parallel": GaugeMetricFamily(
+            "crossbar_slots", "Slots (parallel) per host and model.", labels=pair
+        ),
+    }
+    counters = {
+        "refused": CounterMetricFamily(
+            "crossbar_queue_refused", "Requests refused because the queue was full.", labels=pair
+        ),
+        "timed_out": CounterMetricFamily(
+            "crossbar_queue_timeouts", "Requests that waited queue_timeout in vain.", labels=pair
+        ),
+        "admitted": CounterMetricFamily(
+            "crossbar_slots_admitted",
+            "Slots granted to queueing requests, at once or after a wait.",
+            labels=pair,
+        ),
+        "tracked_total": CounterMetricFamily(
+            "crossbar_tracked",
+            "Requests of queue = false routes counted without waiting.",
+            labels=pair,
+        ),
+        "cancelled": CounterMetricFamily(
+            "crossbar_queue_cancelled",
+            "Waiters that left the queue before a slot (their client went away).",
+            labels=pair,
+        ),
+        "wait_seconds": CounterMetricFamily(
+            "crossbar_queue_waited_seconds",
+            "Total time admitted requests spent waiting for their slot.",
+            labels=pair,
+        ),
+    }
+    for host, model in pairs:
+        labels = [host, model]
+        gauges["in_flight"].add_metric(labels, limiter.in_flight(host, model))
+        for route, n in sorted(_queued_by_route(config, limiter, host, model).items()):
+            gauges["queued"].add_metric([*labels, route], n)
+        gauges["parallel"].add_metric(labels, hosts.parallel(host, model))
+        state = counted.get((host, model))
+        for name, family in counters.items():
+            family.add_metric(labels, getattr(state, name) if state else 0)
+    yield from gauges.values()
+    yield from counters.values()
+
+
+def _warmth(config: Config, warmth: Warmth) -> Iterator[Metric]:
+    """What each host's answers say it kept warm (warmth.py)."""
+    host = ["host"]
+    evictions = CounterMetricFamily(
+        "crossbar_cache_evictions",
+        "Reused turns whose host had evicted their conversation's prefix (they paid its "
+        "prefill again).",
+        labels=host,
+    )
+    kept = CounterMetricFamily(
+        "crossbar_cache_kept_turns",
+        "Reused turns whose host still had their conversation's prefix cached.",
+        labels=host,
+    )
+    capacity = GaugeMetricFamily(
+        "crossbar_host_warm_capacity_tokens",
+        "Tokens a host keeps warm: its cache_tokens, or learned from its evictions.",
+        labels=host,
+    )
+    active = GaugeMetricFamily(
+        "crossbar_host_active_tokens",
+        "Tokens of the conversations a host served in the last five minutes.",
+        labels=host,
+    )
+    for name in config.hosts:
+        status = warmth.status(name)
+        evictions.add_metric([name], status["evictions"])
+        kept.add_metric([name], status["kept_turns"])
+        active.add_metric([name], status["active_tokens"])
+        if status["warm_capacity"] is not None:
+            capacity.add_metric([name], status["warm_capacity"])
+    yield from (evictions, kept, capacity, active)
+
+
+def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
+    leases = GaugeMetricFamily(
+        "crossbar_leases", "Leases held per host and model.", labels=["host", "model"]
+    )
+    for name in config.hosts:
+        for model in hosts.models(name):
+            leases.add_metric([name, model.name], table.count(name, model.name))
+    pins = GaugeMetricFamily("crossbar_pins", "Routes pinned to each host.", labels=["host"])
+    pinned: dict[str, int] = defaultdict(int)
+    for host in table.pins().values():
+        pinned[host] += 1
+    healthy = GaugeMetricFamily(
+        "crossbar_host_healthy", "1 when the host is healthy, else 0.", labels=["host"]
+    )
+    draining = GaugeMetricFamily(
+        "crossbar_host_draining", "1 when the host is draining, else 0.", labels=["host"]
+    )
+    flips = CounterMetricFamily(
+        "crossbar_host_health_flips", "Health changes of each host.", labels=["host"]
+    )
+    held = GaugeMetricFamily(
+        "crossbar_host_held_down",
+        "1 while a flapping host is held out of new placements, else 0.",
+        labels=["host"],
+    )
+    counted = hosts.flips
+    for name in config.hosts:
+        held.add_metric([name], 1 if hosts.held_down(name) else 0)
+        pins.add_metric([name], pinned.get(name, 0))
+        healthy.add_metric([name], 1 if hosts.healthy(name) else 0)
+        draining.add_metric([name], 1 if hosts.draining(name) else 0)
+        flips.add_metric([name], counted.get(name, 0))
+    yield from (leases, pins, healthy, draining, flips, held)
+    yield CounterMetricFamily(
+        "crossbar_probe_errors",
+        "Bugs caught in health probe rounds (a probe that fails is not one).",
+        value=hosts.probe_errors,
+    )
+
+
+def _store(m: Metrics) -> Iterator[Metric]:
+    journal = m.table.journal
+    yield GaugeMetricFamily(
+        "crossbar_store_degraded",
+        "1 while the store cannot be written (routing goes on from memory), else 0.",
+        value=1 if journal.degraded else 0,
+    )
+    unsaved = GaugeMetricFamily(
+        "crossbar_store_unsaved",
+        "What waits in memory for the store: leases, lease events, usage rows.",
+        labels=["kind"],
+    )
+    status = journal.status()
+    unsaved.add_metric(["leases"], status["unsaved_leases"])
+    unsaved.add_metric(["events"], status["unsaved_events"])
+    unsaved.add_metric(["usage"], len(m.usage.unsaved) if m.usage is not None else 0)
+    yield unsaved
+    if m.instances is not None:
+        yield GaugeMetricFamily(
+            "crossbar_instances",
+            "Live crossbar instances sharing this one's store (this one included).",
+            value=len(m.instances.live),
+        )
+        yield GaugeMetricFamily(
+            "crossbar_config_mismatch",
+            "Live instances whose config digest differs from this one's.",
+            value=len(m.instances.mismatched),
+        )

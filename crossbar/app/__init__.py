@@ -1,0 +1,4 @@
+"""The composition root: every part built from a config and wired (wiring.py), the twistd service
+with its start-up order, reload and graceful stop, the sweep, the log lines, the plugin's
+options and the `reuseport:` endpoint.
+"""

@@ -1,0 +1,181 @@
+"""crossbar's parts built from a config, and the two sites that serve them.
+
+`build_parts` opens the store and restores what it holds (draining flags, leases, pins); each
+part is given only the collaborators it uses. The service and the test harness both build
+their sites with `make_sites`, so what is tested is what runs.
+"""
+
+from __future__ import annotations
+
+import gc
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, runtime_checkable
+
+from attrs import astuple, frozen
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.iweb import IAgentEndpointFactory
+
+from crossbar import __version__
+from crossbar.admin.api import MAX_BODY, Admin
+from crossbar.admin.metrics import Metrics
+from crossbar.app.logs import log_request
+from crossbar.app.sweep import Sweep
+from crossbar.cluster.follower import Follower
+from crossbar.cluster.instances import Instances, SharedSlots
+from crossbar.config.values import Config
+from crossbar.handoff.parts import HandoffParts, build_handoff
+from crossbar.hosts.registry import Hosts
+from crossbar.leases.chooser import Chooser
+from crossbar.leases.journal import Journal
+from crossbar.leases.table import Table
+from crossbar.leases.warmth import Warmth
+from crossbar.limiter.slots import Limiter
+from crossbar.proxy.guard import ContextGuard
+from crossbar.proxy.ids import IdMemory
+from crossbar.proxy.placement import Placement
+from crossbar.proxy.resource import ProxyResource
+from crossbar.proxy.site import BoundedSite, ProxySite
+from crossbar.proxy.usage import UsageRecorder
+from crossbar.store.database import Store
+from crossbar.wire.upstream import Upstream
+
+# Leases loaded at start from which their objects are frozen out of full collections.
+_FREEZE_FROM = 10_000
+
+
+@frozen
+class Parts:
+    """What a running crossbar is made of; only the composition (service, harness) holds it."""
+
+    clock: IReactorTime
+    store: Store
+    journal: Journal
+    hosts: Hosts
+    limiter: Limiter
+    table: Table
+    warmth: Warmth
+    upstream: Upstream
+    ids: IdMemory
+    guard: ContextGuard
+    usage: UsageRecorder
+    metrics: Metrics
+    instances: Instances
+    follower: Follower
+    handoff: HandoffParts
+    sweep: Sweep
+
+    def reloadable(self) -> list[Reconfigurable]:
+        """The parts a reload reaches, in the order they take it: the order above, hosts
+        first (a reload probes the hosts it adds before any other part sees them)."""
+        return [part for part in astuple(self, recurse=False) if isinstance(part, Reconfigurable)]
+
+
+@runtime_checkable
+class Reconfigurable(Protocol):
+    """A part that takes a reloaded config (the service awaits what it returns)."""
+
+    def reconfigure(self, config: Config) -> Any: ...
+
+
+async def build_parts(
+    config: Config,
+    reactor: Any,
+    store: Store | None = None,
+    endpoints: IAgentEndpointFactory | None = None,
+    instance: str | None = None,
+) -> Parts:
+    """Open the store (unless given one), restore draining, leases and pins, and build every
+    part on `reactor`. `endpoints` replaces TCP to the hosts (in-memory tests); `instance`
+    names this crossbar among those sharing the store (a new id by default)."""
+    s = config.server
+    instance = instance or uuid.uuid4().hex[:12]
+    if store is None:
+        store = await Store.open(s.db, reactor, instance=instance)
+    elif not store.instance:
+        store.instance = instance  # a store opened for us by a test
+    instance = store.instance
+    journal = Journal(store, reactor)
+    hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
+    await hosts.load_draining()
+
+    instances = Instances(store, config, instance, __version__, reactor.seconds(), journal.report)
+    limiter = Limiter(reactor, SharedSlots(hosts, instances), s.queue_max, s.queue_timeout, config)
+    # What each part hears of the others, all here.
+    instances.count_in_flight = limiter.total_in_flight
+    instances.listeners.append(limiter.resized_all)  # another instance came or went
+    hosts.add_listener(limiter.resized)  # discovery or a reload changed a host's slots
+    since = await store.last_change()  # before the leases: what comes after, the follower applies
+    warmth = Warmth(config, reactor)
+    chooser = Chooser(limiter, held=hosts.held_down, known=hosts.knows_parallel, warmth=warmth)
+    table = await Table.load(store, hosts, chooser, s.lease_idle, journal)
+    table.listeners.append(warmth.lease_event)
+    if len(table) >= _FREEZE_FROM:
+        # The loaded leases live long: out of the collector's full passes, which otherwise
+        # walk all of them (0.7 s at 100k leases) whenever enough new objects pile up.
+        gc.collect()
+        gc.freeze()
+    follower = Follower(store, table.memory, hosts, instance, since)
+    guard = ContextGuard()
+    ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
+    usage = UsageRecorder(store, ids, guard, reactor, journal)
+    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth)
+    table.listeners.append(metrics.lease_event)
+    usage.observers += [log_request, metrics.observe]
+    upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
+    handoff = build_handoff(
+        config, reactor, table, hosts, limiter, upstream, usage, metrics.registry
+    )
+    sweep = Sweep(config, table, store, reactor)
+    return Parts(
+        reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
+        metrics, instances, follower, handoff, sweep,
+    )  # fmt: skip
+
+
+class _GatedDrains:
+    """The store's draining flags, written through the journal's gate: refused while the
+    store is degraded, and a failure degrades it."""
+
+    def __init__(self, store: Store, journal: Journal) -> None:
+        self._store = store
+        self._journal = journal
+
+    async def list_draining(self) -> set[str]:
+        return await self._store.list_draining()
+
+    async def set_draining(self, name: str, draining: bool) -> None:
+        await self._journal.gate(lambda: self._store.set_draining(name, draining))
+
+
+@frozen
+class Sites:
+    """The proxy's site and the admin API's, and the resources behind them."""
+
+    proxy: ProxySite
+    admin: BoundedSite
+    resource: ProxyResource
+    api: Admin
+
+    def reloadable(self) -> list[Reconfigurable]:
+        """The sites and what serves behind them, for a reload."""
+        return [self.proxy, self.resource, self.api]
+
+
+def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list[str]]]) -> Sites:
+    """The client-facing site and the admin site over `parts`; `reload` is what
+    `POST /api/reload` calls."""
+    p = parts
+    placement = Placement(p.table, p.hosts, p.warmth, p.clock)
+    resource = ProxyResource(
+        config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
+        p.handoff.handoff,
+    )  # fmt: skip
+    api = Admin(
+        config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, p.instances,
+        reload, p.handoff.evacuator, p.warmth,
+    )  # fmt: skip
+    proxy = ProxySite(resource, config, reactor=p.clock)
+    proxy.on_refused = p.usage.refused_early
+    admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)
+    return Sites(proxy, admin, resource, api)

@@ -1,0 +1,274 @@
+"""`crossbar ctl`: the admin API from a shell, as aligned tables or (`--json`) as it answered.
+
+A separate, short-lived process, so plain blocking `urllib.request` is right here. Every
+failure is one line on stderr and exit status 1: crossbar unreachable, or its error message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from crossbar.cli.client import DEFAULT_ADMIN, AdminClient, CtlError, seg
+from crossbar.cli.format import ago, table, when
+
+USAGE_BY = ("route", "host", "model")
+
+# -- subcommands -----------------------------------------------------------------------------
+# Each returns (the API's JSON, the text for people).
+
+
+def _hosts(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/hosts")
+    rows = []
+    for h in answer["hosts"]:
+        health = "healthy" if h["healthy"] else "UNHEALTHY"
+        for m in h["models"]:
+            slots = f"{m['in_flight']}/{m.get('share', m['parallel'])}"
+            if m.get("share", m["parallel"]) != m["parallel"]:  # other instances hold the rest
+                slots += f" of {m['parallel']}"
+            waiting = ",".join(f"{r}={n}" for r, n in m.get("queued_by_route", {}).items())
+            rows.append([h["name"], health, h["draining"], m["name"], slots, m["queued"],
+                         m["leases"], m["ctx"], waiting or None, h["reason"]])  # fmt: skip
+    heads = ["HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "WAITING",
+             "REASON"]  # fmt: skip
+    return answer, table(heads, rows)
+
+
+def _pages(c: AdminClient, path: str, key: str, a: argparse.Namespace, **query: Any) -> Any:
+    """One page of `path` (or, with --all, every page, followed by cursor) and a last line
+    saying how many of how many were shown and how to ask for the next page."""
+    limit = 1000 if a.all else a.limit
+    answer = c.call("GET", path, limit=limit, cursor=a.cursor, **query)
+    while a.all and answer["next"]:
+        more = c.call("GET", path, limit=limit, cursor=answer["next"], **query)
+        answer = {**more, key: answer[key] + more[key]}
+    footer = f"{len(answer[key])} of {answer['total']}"
+    if answer["next"]:
+        footer += f"; next page: --cursor {answer['next']} (or --all)"
+    return answer, footer
+
+
+def _leases(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    query = {"route": a.route, "host": a.host, "model": a.model, "fp": a.fp}
+    answer, footer = _pages(c, "/api/leases", "leases", a, **query)
+    rows = [[x["route"], x["fp"] or "(route)", x["model"], x["host"], ago(x["idle_for"])]
+            for x in answer["leases"]]  # fmt: skip
+    return answer, table(["ROUTE", "FP", "MODEL", "HOST", "IDLE"], rows) + f"\n{footer} leases"
+
+
+def _routes(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    query = {"route": a.search, "host": a.host, "model": a.model, "sort": a.sort}
+    answer, footer = _pages(c, "/api/routes", "routes", a, **query)
+    rows = []
+    for r in answer["routes"]:
+        source = ("template " + r["template"]) if r["template"] else "config"
+        weight = r.get("weight")
+        rows.append([r["name"], source if r["served"] else "not in config",
+                     ",".join(r["hosts"]), r["pinned"], r["leases"], r["requests"],
+                     r.get("priority"), "shared" if weight is None else f"{weight:g}",
+                     r.get("max_in_flight"), r.get("max_queued"), r.get("in_flight"),
+                     r.get("queued")])  # fmt: skip
+    heads = ["ROUTE", "FROM", "HOSTS", "PINNED", "LEASES", "REQUESTS_24H", "PRIORITY", "WEIGHT",
+             "MAX_IN_FLIGHT", "MAX_QUEUED", "IN_FLIGHT", "QUEUED"]  # fmt: skip
+    return answer, table(heads, rows) + f"\n{footer} routes"
+
+
+def _paging(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument("--host", help=f"only {what} on this host")
+    p.add_argument("--model", help=f"only {what} of this model")
+    p.add_argument("--limit", type=int, default=100, help="at most this many (default 100)")
+    p.add_argument("--cursor", help="the page after this cursor (printed under a page)")
+    p.add_argument("--all", action="store_true", help="every page")
+
+
+def _pin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("PUT", f"/api/routes/{seg(a.route)}/pin", {"host": a.host})
+    text = f"route {a.route} pinned to {a.host}"
+    if not answer.get("healthy", True):
+        text += f" (warning: {a.host} is unhealthy; the route's requests get 503 until it is back)"
+    return answer, text
+
+
+def _unpin(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/routes/{seg(a.route)}/pin")
+    was = answer.get("unpinned")
+    if was is None:
+        return answer, f"route {a.route} was not pinned"
+    return answer, f"route {a.route} unpinned (was {was})"
+
+
+def _release(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/routes/{seg(a.route)}/leases")
+    return answer, f"released {answer['released']} lease(s) of route {a.route}"
+
+
+def _drain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/drain")
+    return answer, f"host {a.host} is draining: it keeps its leases and gets no new ones"
+
+
+def _undrain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/hosts/{seg(a.host)}/drain")
+    return answer, f"host {a.host} takes new leases again"
+
+
+def _evacuate(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    from crossbar.cli.evacuate import evacuate  # it builds on this module
+
+    return evacuate(c, a)
+
+
+def _events(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/events", route=a.route, limit=a.limit, since=a.since)
+    rows = [[when(e["at"]), e["reason"], e["route"],
+             e["fp"] or ("(route)" if e["model"] else "(pin)"), e["model"],
+             e["from_host"] or "-", e["to_host"] or "-"] for e in answer["events"]]  # fmt: skip
+    return answer, table(["AT", "REASON", "ROUTE", "FP", "MODEL", "FROM", "TO"], rows)
+
+
+def _usage(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/usage", by=a.by, since=a.since)
+    rows = []
+    for u in answer["usage"]:
+        ratio = u["cache_hit_ratio"]
+        hit = "-" if ratio is None else f"{100 * ratio:.1f}%"
+        rows.append([u[a.by], u["requests"], u["errors"], u["prompt_tokens"], u["cached_tokens"],
+                     u["completion_tokens"], hit, u["ttfb_p50_ms"], u["ttfb_p95_ms"]])  # fmt: skip
+    heads = [a.by.upper(), "REQUESTS", "ERRORS", "PROMPT", "CACHED", "COMPLETION", "CACHE HIT",
+             "TTFB P50 MS", "TTFB P95 MS"]  # fmt: skip
+    return answer, table(heads, rows)
+
+
+def _series(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/usage/series", since=a.since, bucket=a.bucket)
+    rows = [[when(b["at"]), b["route"], b["requests"], b["prompt_tokens"], b["cached_tokens"],
+             b["completion_tokens"]] for b in answer["series"]]  # fmt: skip
+    return answer, table(["AT", "ROUTE", "REQUESTS", "PROMPT", "CACHED", "COMPLETION"], rows)
+
+
+def _reload(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", "/api/reload")
+    lines = [f"config reloaded from {answer.get('path') or '(memory)'}"]
+    lines += [f"  note: {note}" for note in answer.get("notes", [])]
+    return answer, "\n".join(lines)
+
+
+def _instances(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/instances")
+    rows = []
+    for i in answer["instances"]:
+        state = "alive" if i["alive"] else "DEAD"
+        config = i["config_digest"] if i["config_matches"] else f"{i['config_digest']} (DIFFERS)"
+        rows.append([i["id"] + (" *" if i["this"] else ""), state, i["address"], i["version"],
+                     config, when(i["started"]), ago(i["seconds_since_heartbeat"]),
+                     i["in_flight"]])  # fmt: skip
+    heads = ["INSTANCE", "STATE", "ADDRESS", "VERSION", "CONFIG", "STARTED", "HEARTBEAT",
+             "IN_FLIGHT"]  # fmt: skip
+    return answer, table(heads, rows) + "\n(* the instance that answered)"
+
+
+# -- the parser ------------------------------------------------------------------------------
+
+
+def add_parser(sub: Any) -> None:
+    """Add `ctl` and its subcommands to the `crossbar` command's subparsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    # SUPPRESS: given before or after the subcommand, an option is not reset by the other.
+    common.add_argument(
+        "--admin",
+        default=argparse.SUPPRESS,
+        help=f"admin API URL (env CROSSBAR_ADMIN, default {DEFAULT_ADMIN})",
+    )
+    common.add_argument(
+        "--token", default=argparse.SUPPRESS, help="admin token (env CROSSBAR_ADMIN_TOKEN)"
+    )
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="print the API's JSON answer instead of a table")  # fmt: skip
+    ctl = sub.add_parser("ctl", parents=[common], help="talk to a running crossbar's admin API")
+    cmds = ctl.add_subparsers(dest="ctl_command", required=True, metavar="COMMAND")
+
+    def cmd(name: str, fn: Callable[..., tuple[Any, str]], text: str) -> argparse.ArgumentParser:
+        p = cmds.add_parser(name, parents=[common], help=text, description=text)
+        p.set_defaults(func=run, ctl=fn)
+        return p
+
+    cmd("hosts", _hosts, "hosts: health, draining, slots, queue (and who waits), leases")
+    p = cmd("leases", _leases, "the lease table, a page at a time (key order)")
+    p.add_argument("--route", help="only this route")
+    p.add_argument("--fp", help="only conversations whose fingerprint starts so")
+    _paging(p, "leases")
+    p = cmd("routes", _routes, "routes (configured and seen), pins, leases, queue shares")
+    p.add_argument("--search", help="only routes whose name contains this")
+    p.add_argument("--sort", choices=("name", "requests", "leases"), default=None,
+                   help="name (the default), or most requests (24 h) or leases first")  # fmt: skip
+    _paging(p, "routes")
+    p = cmd("pin", _pin, "send every request of ROUTE to HOST (one of its configured hosts)")
+    p.add_argument("route")
+    p.add_argument("host")
+    cmd("unpin", _unpin, "remove ROUTE's pin; its leases stay").add_argument("route")
+    cmd("release", _release, "drop every lease of ROUTE").add_argument("route")
+    cmd("drain", _drain, "HOST keeps its leases and gets no new ones").add_argument("host")
+    cmd("undrain", _undrain, "HOST takes new leases again").add_argument("host")
+    p = cmd("evacuate", _evacuate, "drain HOST and move its conversations away, prewarmed")
+    p.add_argument("host")
+    p.add_argument("--no-wait", action="store_true", help="start it and return")
+    p = cmd("events", _events, "lease events, newest first")
+    p.add_argument("--route", help="only this route")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many (default: the API's, 100)")  # fmt: skip
+    p.add_argument("--since", help='a duration ("1h") or seconds since the epoch')
+    p = cmd("usage", _usage, "requests, errors, tokens, cache hits and TTFB")
+    p.add_argument("--by", choices=USAGE_BY, default="route", help="group by (default route)")
+    p.add_argument("--since", help='a duration ("24h") or seconds since the epoch')
+    p = cmd("usage-series", _series, "requests and tokens per route over time, oldest first")
+    p.add_argument("--since", help='a duration ("1h", the default) or seconds since the epoch')
+    p.add_argument("--bucket", help='the width of each point ("1m", the default)')
+    cmd("instances", _instances, "the crossbar instances sharing this one's store")
+    cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
+    text = "a refreshing view: hosts' slots and queues, requests/s and cache hits per route, moves"
+    p = cmds.add_parser("top", parents=[common], help=text, description=text + "; q quits")
+    p.set_defaults(func=_top)
+    p.add_argument("--interval", type=_seconds, default=2.0, help="seconds between refreshes")
+    p.add_argument(
+        "--window", type=_seconds, default=60.0, help="seconds of traffic requests/s cover"
+    )
+    p.add_argument("--once", action="store_true", help="print one frame and exit")
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < 86400 * 30:
+        raise argparse.ArgumentTypeError(f"give a number of seconds above 0, not {text!r}")
+    return value
+
+
+def _top(args: argparse.Namespace) -> int:
+    from crossbar.cli import top  # it builds on this module
+
+    return top.run(_client(args), args.interval, args.window, args.once)
+
+
+def _client(args: argparse.Namespace) -> AdminClient:
+    base = getattr(args, "admin", None) or os.environ.get("CROSSBAR_ADMIN") or DEFAULT_ADMIN
+    token = getattr(args, "token", None) or os.environ.get("CROSSBAR_ADMIN_TOKEN", "")
+    return AdminClient(base, token)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one ctl subcommand; 0 on success, 1 (and one line on stderr) on failure."""
+    client = _client(args)
+    try:
+        answer, text = args.ctl(client, args)
+    except CtlError as e:
+        print(f"crossbar ctl: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2) if getattr(args, "json", False) else text)
+    return 0

@@ -1,0 +1,224 @@
+"""Routes and templates: the named entry points of clients, and how they are read."""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from typing import Any
+
+from attrs import evolve, field, frozen
+
+from crossbar.config.fields import NAME, Errors, Section, key_path, origin_error, quote
+from crossbar.config.limits import PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGHT_MIN, RouteLimits
+
+AFFINITIES = ("conversation", "route")
+UNKNOWN_MODELS = ("error", "default")
+# The keys that shape a route's place in the slot queues; meaningless where it never queues.
+SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued")
+
+
+@frozen
+class Route:
+    """A resolved route: where its requests may go and how they are leased and queued."""
+
+    name: str
+    hosts: tuple[str, ...]
+    default_model: str = ""
+    affinity: str = "conversation"
+    queue: bool = True
+    peers: tuple[str, ...] = ()
+    keys: tuple[str, ...] = field(default=(), repr=False)
+    # (glob, model) in file order: a client's model name matching the glob means that model.
+    aliases: tuple[tuple[str, str], ...] = ()
+    unknown_model: str = "error"  # or "default": serve default_model for any other name
+    cors_origins: tuple[str, ...] = ()  # browser origins that may call it ("*": any); () off
+    template: str | None = None  # the template that served it, None for a concrete route
+    priority: int = 0
+    weight: float | None = None  # None: the shared FIFO line of its priority
+    max_in_flight: int | None = None  # None: unlimited
+    max_queued: int | None = None  # None: the server's queue_max
+    rebalance: bool = False  # move idle conversations off a host whose queue stays full
+    rebalance_after: float = 30.0  # how long a queue must stay non-empty
+    rebalance_idle: float = 20.0  # only conversations idle this long move
+    rebalance_per_minute: int = 10  # moves per minute at most, for the route
+
+    def per_route(self) -> bool:
+        """True for affinity = "route": every request of the route shares one lease per model."""
+        return self.affinity == "route"
+
+    def queues(self) -> bool:
+        """True unless queue = false: requests wait in (and can be refused by) the limiter."""
+        return self.queue
+
+    @property
+    def limits(self) -> RouteLimits:
+        """The route's share of the slot queues, as the limiter takes it."""
+        return RouteLimits(
+            name=self.name,
+            priority=self.priority,
+            weight=self.weight,
+            max_in_flight=self.max_in_flight,
+            max_queued=self.max_queued,
+        )
+
+    def alias(self, name: str) -> str | None:
+        """The model the first alias glob matching `name` names (file order), or None."""
+        for glob, model in self.aliases:
+            if fnmatchcase(name, glob):
+                return model
+        return None
+
+
+@frozen
+class Template:
+    """Serves every route name matching `match` (a shell-style glob) with `route`'s keys."""
+
+    name: str
+    match: str
+    route: Route
+
+    def serves(self, name: str) -> bool:
+        return fnmatchcase(name, self.match)
+
+    def resolve(self, name: str) -> Route:
+        return evolve(self.route, name=name, template=self.name)
+
+
+def valid_route_name(name: str) -> bool:
+    """Route names are `[a-z0-9][a-z0-9._-]{0,63}`."""
+    return NAME.fullmatch(name) is not None
+
+
+def read_route_body(table: Section, name: str) -> Route:
+    """Read the keys every route and template share."""
+    missing = not table.has("hosts")
+    hosts = table.string_list("hosts", None)  # None: missing or already reported
+    if missing:
+        table.errors.add(table.sub("hosts"), "missing (the candidate hosts, in preference order)")
+    elif hosts == ():
+        table.errors.add(table.sub("hosts"), "must name at least one host")
+    affinity = table.string("affinity", "conversation")
+    if affinity not in AFFINITIES:
+        table.errors.add(table.sub("affinity"), 'must be "conversation" or "route"')
+        affinity = "conversation"
+    unknown_model = table.string("unknown_model", "error")
+    if unknown_model not in UNKNOWN_MODELS:
+        table.errors.add(
+            table.sub("unknown_model"),
+            f'must be "error" (404 model_not_found) or "default" (serve default_model), '
+            f"not {quote(unknown_model)}",
+        )
+        unknown_model = "error"
+    queue = table.boolean("queue", True)
+    unqueued = [key for key in SHARING_KEYS if table.has(key)] if not queue else []
+    route = Route(
+        name=name,
+        hosts=hosts or (),
+        default_model=table.string("default_model"),
+        affinity=affinity,
+        queue=queue,
+        peers=table.string_list("peers"),
+        keys=table.string_list("keys"),
+        priority=table.integer("priority", 0, minimum=PRIORITY_MIN, maximum=PRIORITY_MAX),
+        weight=table.positive_number("weight", None, WEIGHT_MIN, WEIGHT_MAX),
+        max_in_flight=table.integer("max_in_flight", None),
+        max_queued=table.integer("max_queued", None, minimum=0),
+        aliases=table.string_table("aliases"),
+        unknown_model=unknown_model,
+        cors_origins=_read_origins(table),
+        rebalance=table.boolean("rebalance", False),
+        rebalance_after=table.duration("rebalance_after", 30.0),
+        rebalance_idle=table.duration("rebalance_idle", 20.0),
+        rebalance_per_minute=table.integer("rebalance_per_minute", 10),
+    )
+    for key in unqueued:
+        table.errors.add(table.sub(key), "needs queue = true")
+    return route
+
+
+def _read_origins(table: Section) -> tuple[str, ...]:
+    good = []
+    for i, origin in enumerate(table.string_list("cors_origins")):
+        origin = origin if origin == "*" else origin.removesuffix("/")  # as browsers send it
+        why = origin_error(origin)
+        if why is not None:
+            table.errors.add(f"{table.sub('cors_origins')}[{i}]", why)
+        else:
+            good.append(origin)
+    if "*" in good and len(good) > 1:
+        table.errors.add(table.sub("cors_origins"), '"*" allows every origin: list it alone')
+    return tuple(good)
+
+
+def read_routes(errors: Errors, data: Any) -> dict[str, Route]:
+    """Read `[routes.*]`."""
+    routes: dict[str, Route] = {}
+    outer = Section(errors, "routes", data)
+    for name in outer.keys():
+        path = outer.sub(name)
+        table = Section(errors, path, outer.raw(name))
+        if not valid_route_name(name):
+            errors.add(path, f"bad route name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
+        routes[name] = read_route_body(table, name)
+        table.finish()
+    return routes
+
+
+def read_templates(errors: Errors, data: Any) -> list[Template]:
+    """Read `[templates.*]` in file order (the first matching template wins)."""
+    templates: list[Template] = []
+    outer = Section(errors, "templates", data)
+    for name in outer.keys():
+        path = outer.sub(name)
+        table = Section(errors, path, outer.raw(name))
+        if not table.has("match"):
+            errors.add(table.sub("match"), 'missing (a shell-style glob such as "proj-*")')
+        match = table.string("match")
+        route = read_route_body(table, "")
+        table.finish()
+        templates.append(Template(name=name, match=match, route=route))
+    return templates
+
+
+def check_route_links(
+    errors: Errors,
+    path: str,
+    route: Route,
+    host_models: dict[str, set[str] | None],
+    route_exists: Any,
+) -> None:
+    """Check a route's references: hosts, default model, aliases, peers. A host whose models
+    are discovered (None in `host_models`) may serve anything: names it could serve pass."""
+    for host in route.hosts:
+        if host not in host_models:
+            errors.add(f"{path}.hosts", f"unknown host {quote(host)}")
+    if len(set(route.hosts)) != len(route.hosts):
+        errors.add(f"{path}.hosts", "names a host twice")
+    known = [host_models[h] for h in route.hosts if h in host_models]
+    served: set[str] = set().union(*(m for m in known if m is not None))
+    discovered = any(m is None for m in known)
+
+    def unserved(model: str) -> bool:
+        return bool(served) and not discovered and model not in served
+
+    if route.default_model and unserved(route.default_model):
+        errors.add(
+            f"{path}.default_model",
+            f"{quote(route.default_model)} is served by none of the route's hosts",
+        )
+    for glob, model in route.aliases:
+        if unserved(model):
+            errors.add(
+                key_path(f"{path}.aliases", glob),
+                f"{quote(model)} is served by none of the route's hosts "
+                f"(they serve {', '.join(sorted(served))})",
+            )
+    if route.unknown_model == "default" and not route.default_model:
+        errors.add(
+            f"{path}.unknown_model",
+            '"default" needs the route\'s default_model (the model to serve instead)',
+        )
+    for peer in route.peers:
+        if not route_exists(peer):
+            errors.add(f"{path}.peers", f"unknown route {quote(peer)}")
+    if len(set(route.keys)) != len(route.keys):
+        errors.add(f"{path}.keys", "lists a key twice")

@@ -1,0 +1,349 @@
+"""The TOML config of SPEC §3: server settings, hosts and their models, routes, templates."""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from attrs import field, frozen
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.testing import MemoryReactor
+
+from crossbar.config.fields import NAME, Errors, Section, quote, type_name
+from crossbar.config.redaction import redact
+from crossbar.config.route import Route, Template, check_route_links, read_routes, read_templates
+
+_RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them each time)
+
+_DAY = 86400.0
+DISCOVER = "discover"
+
+
+class ConfigError(Exception):
+    """A config that cannot be used; `errors` holds every problem as "dotted.path: message"."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = list(errors)
+
+
+@frozen
+class ServerConfig:
+    """`[server]`: listeners, store, timers and limits. Durations are seconds, sizes bytes."""
+
+    listen: str = "tcp:8080"
+    admin_listen: str = "tcp:8081:interface=127.0.0.1"
+    admin_token: str = field(default="", repr=False)
+    db: str = field(default="crossbar.db", repr=redact)  # a URL's password stays out of logs
+    default_route: str = ""
+    lease_idle: float = 2 * 3600.0
+    sweep_interval: float = 30.0
+    health_interval: float = 5.0
+    health_timeout: float = 2.0
+    unhealthy_after: int = 3
+    healthy_after: int = 2
+    flap_window: float = 600.0  # falls counted for flap damping (flaps.py)
+    flap_holddown: float = 30.0  # hold-down per fall beyond the first within flap_window
+    flap_holddown_max: float = 600.0
+    sweep_batch: int = 200  # idle leases expired per transaction
+    queue_max: int = 64
+    queue_timeout: float = 300.0
+    max_body: int = 64 * 1024 * 1024
+    upstream_connect_timeout: float = 5.0
+    upstream_idle_timeout: float = 600.0
+    fingerprint_chars: int = 4096
+    usage_retention: float = 30 * _DAY
+    usage_raw_retention: float = 2 * _DAY  # raw rows; per-minute sums after (usage_retention)
+    events_retention: float = 30 * _DAY
+    metrics_routes: tuple[str, ...] = ()  # template routes labelled by name in /metrics
+    shutdown_grace: float = 30.0
+    remember_ids: int = 100_000
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    client_write_timeout: float = 60.0
+    handoff_store: int = 0  # bytes of compressed bodies kept on disk for warm hand-offs; 0 off
+    handoff_max_body: int = 16 * 1024 * 1024  # larger bodies are not kept
+    prewarm_parallel: int = 1  # prewarms at once per host
+    prewarm_timeout: float = 30.0  # longest a turn waits for its conversation's prewarm
+
+
+@frozen
+class ModelConfig:
+    """One model a host serves; `parallel`/`ctx` of None mean "discover from /props"."""
+
+    name: str
+    upstream: str = ""
+    parallel: int | None = None
+    ctx: int | None = None
+
+    @property
+    def upstream_name(self) -> str:
+        """The name sent upstream in "model"."""
+        return self.upstream or self.name
+
+
+# A host's models as they are now: configured, or discovered (hosts.Hosts.models).
+Served = Callable[[str], "tuple[ModelConfig, ...]"]
+
+
+@frozen
+class HostConfig:
+    """`[hosts.<name>]`: one llama-server endpoint and the models it serves. With
+    `discover` (`models = "discover"`) the models are what the host's `GET /models` lists
+    (a router-mode llama-server), `models` is empty, and `parallel`/`ctx` are the defaults
+    of every discovered model."""
+
+    name: str
+    url: str
+    models: tuple[ModelConfig, ...]
+    api_key: str = field(default="", repr=False)
+    discover: bool = False
+    parallel: int | None = None
+    ctx: int | None = None
+    # Prompt tokens the host keeps warm over all its conversations (its slots and its
+    # `--cache-ram`); None: learned from its evictions (warmth.py).
+    cache_tokens: int | None = None
+
+    def model(self, name: str) -> ModelConfig | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return tuple(m.name for m in self.models)
+
+
+@frozen
+class Config:
+    """The whole resolved config. Hosts and templates keep file order."""
+
+    server: ServerConfig
+    hosts: dict[str, HostConfig]
+    routes: dict[str, Route]
+    templates: tuple[Template, ...] = ()
+    path: str = ""
+    # Routes made from templates, by name: a request's route is looked up several times
+    # (routing, the limiter, metrics labels), and making one costs ~10 µs. Bounded, for names
+    # are the clients'.
+    _resolved: dict[str, Route] = field(factory=dict, init=False, eq=False, repr=False)
+
+    def route(self, name: str) -> Route | None:
+        """The concrete route `name`, else the first template in file order that serves it."""
+        concrete = self.routes.get(name) or self._resolved.get(name)
+        if concrete is not None:
+            return concrete
+        if NAME.fullmatch(name) is None:
+            return None
+        for template in self.templates:
+            if template.serves(name):
+                route = template.resolve(name)
+                if len(self._resolved) < _RESOLVED_MAX:
+                    self._resolved[name] = route
+                return route
+        return None
+
+    def models_of(self, route: Route, served: Served | None = None) -> list[str]:
+        """Every model some host of the route serves, in host then model order. `served`
+        gives a host's models as they are now (discovered ones included); without it, the
+        configured ones."""
+        served = served or self._configured
+        seen: dict[str, None] = {}
+        for host in route.hosts:
+            for m in served(host):
+                seen.setdefault(m.name, None)
+        return list(seen)
+
+    def hosts_for(self, route: Route, model: str, served: Served | None = None) -> list[str]:
+        """The route's candidate hosts that serve `model`, in preference order."""
+        served = served or self._configured
+        return [h for h in route.hosts if any(m.name == model for m in served(h))]
+
+    def _configured(self, host: str) -> tuple[ModelConfig, ...]:
+        return self.hosts[host].models
+
+
+def _read_server(errors: Errors, data: Any) -> ServerConfig:
+    t = Section(errors, "server", data)
+    d = ServerConfig()
+    server = ServerConfig(
+        listen=t.string("listen", d.listen),
+        admin_listen=t.string("admin_listen", d.admin_listen),
+        admin_token=t.string("admin_token", d.admin_token),
+        db=t.string("db", d.db),
+        default_route=t.string("default_route", d.default_route),
+        lease_idle=t.duration("lease_idle", d.lease_idle),
+        sweep_interval=t.duration("sweep_interval", d.sweep_interval),
+        health_interval=t.duration("health_interval", d.health_interval),
+        health_timeout=t.duration("health_timeout", d.health_timeout),
+        unhealthy_after=t.integer("unhealthy_after", d.unhealthy_after),
+        healthy_after=t.integer("healthy_after", d.healthy_after),
+        flap_window=t.duration("flap_window", d.flap_window),
+        flap_holddown=t.duration("flap_holddown", d.flap_holddown, positive=False),
+        flap_holddown_max=t.duration("flap_holddown_max", d.flap_holddown_max, positive=False),
+        sweep_batch=t.integer("sweep_batch", d.sweep_batch),
+        queue_max=t.integer("queue_max", d.queue_max, minimum=0),
+        queue_timeout=t.duration("queue_timeout", d.queue_timeout),
+        max_body=t.size("max_body", d.max_body),
+        upstream_connect_timeout=t.duration("upstream_connect_timeout", d.upstream_connect_timeout),
+        upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
+        fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
+        usage_retention=t.duration("usage_retention", d.usage_retention),
+        usage_raw_retention=t.duration("usage_raw_retention", d.usage_raw_retention),
+        events_retention=t.duration("events_retention", d.events_retention),
+        metrics_routes=t.string_list("metrics_routes", d.metrics_routes),
+        shutdown_grace=t.duration("shutdown_grace", d.shutdown_grace, positive=False),
+        remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
+        header_timeout=t.duration("header_timeout", d.header_timeout),
+        body_timeout=t.duration("body_timeout", d.body_timeout),
+        client_write_timeout=t.duration("client_write_timeout", d.client_write_timeout),
+        handoff_store=t.size("handoff_store", d.handoff_store, minimum=0),
+        handoff_max_body=t.size("handoff_max_body", d.handoff_max_body),
+        prewarm_parallel=t.integer("prewarm_parallel", d.prewarm_parallel),
+        prewarm_timeout=t.duration("prewarm_timeout", d.prewarm_timeout),
+    )
+    t.finish()
+    for key in ("listen", "admin_listen"):
+        _check_endpoint(errors, f"server.{key}", getattr(server, key))
+    if not server.db:
+        errors.add("server.db", 'must name a SQLite file (or ":memory:") or a PostgreSQL URL')
+    return server
+
+
+def _check_endpoint(errors: Errors, path: str, description: str) -> None:
+    try:
+        serverFromString(MemoryReactor(), description)
+    except Exception as e:  # the parser raises ValueError, KeyError, TypeError...
+        errors.add(path, f"not a Twisted endpoint string ({quote(description)}: {e})")
+
+
+def _read_models(t: Section, parallel: int | None, ctx: int | None) -> tuple[ModelConfig, ...]:
+    path = t.sub("models")
+    if not t.has("models"):
+        t.errors.add(path, 'missing (a list of model names, a table per model, or "discover")')
+        return ()
+    raw = t.raw("models")
+    if isinstance(raw, str):
+        if raw != DISCOVER:
+            t.errors.add(path, f'must be an array of names, a table per model, or "discover", '
+                         f"not {quote(raw)}")  # fmt: skip
+        return ()
+    models: list[ModelConfig] = []
+    if isinstance(raw, list):
+        for i, name in enumerate(raw):
+            if not isinstance(name, str) or not name:
+                t.errors.add(f"{path}[{i}]", f"must be a model name, not {quote(name)}")
+                continue
+            models.append(ModelConfig(name=name, parallel=parallel, ctx=ctx))
+    elif isinstance(raw, dict):
+        for name, body in raw.items():
+            mt = Section(t.errors, f"{path}.{name}", body)
+            models.append(
+                ModelConfig(
+                    name=name,
+                    upstream=mt.string("upstream"),
+                    parallel=mt.integer("parallel", parallel),
+                    ctx=mt.integer("ctx", ctx),
+                )
+            )
+            mt.finish()
+    else:
+        t.errors.add(
+            path,
+            f'must be an array of names, a table per model, or "discover", not {type_name(raw)}',
+        )
+        return ()
+    if not models and not t.errors:
+        t.errors.add(path, "must name at least one model")
+    _check_model_names(t.errors, path, models)
+    return tuple(models)
+
+
+def _check_model_names(errors: Errors, path: str, models: list[ModelConfig]) -> None:
+    names: set[str] = set()
+    upstreams: dict[str, str] = {}
+    for m in models:
+        if m.name in names:
+            errors.add(f"{path}", f"model {quote(m.name)} is listed twice")
+        names.add(m.name)
+        other = upstreams.get(m.upstream_name)
+        if other is not None:
+            where = f"{path}.{m.name}.upstream" if m.upstream else f"{path}.{m.name}"
+            errors.add(
+                where,
+                f"upstream name {quote(m.upstream_name)} is already used by model {quote(other)}",
+            )
+        else:
+            upstreams[m.upstream_name] = m.name
+
+
+def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
+    hosts: dict[str, HostConfig] = {}
+    outer = Section(errors, "hosts", data)
+    for name in outer.keys():
+        t = Section(errors, outer.sub(name), outer.raw(name))
+        if NAME.fullmatch(name) is None:
+            errors.add(t.path, f"bad host name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
+        url = t.url("url")
+        api_key = t.string("api_key")
+        parallel = t.integer("parallel", None)
+        ctx = t.integer("ctx", None)
+        cache_tokens = t.integer("cache_tokens", None)
+        discover = t.peek("models") == DISCOVER
+        models = _read_models(t, parallel, ctx)
+        t.finish()
+        hosts[name] = HostConfig(name, url, models, api_key, discover, parallel, ctx, cache_tokens)
+    return hosts
+
+
+def parse_config(data: dict[str, Any], path: str = "") -> Config:
+    """Build a Config from parsed TOML, or raise ConfigError listing every problem."""
+    errors = Errors()
+    top = Section(errors, "", data)
+    server = _read_server(errors, top.raw("server", {}))
+    hosts = _read_hosts(errors, top.raw("hosts", {}))
+    routes = read_routes(errors, top.raw("routes", {}))
+    templates = read_templates(errors, top.raw("templates", {}))
+    top.finish()
+    config = Config(server, hosts, routes, tuple(templates), path)
+    if not hosts:
+        errors.add("hosts", "no hosts configured (add a [hosts.<name>] table)")
+    host_models: dict[str, set[str] | None] = {
+        name: None if h.discover else set(h.model_names) for name, h in hosts.items()
+    }
+
+    def exists(name: str) -> bool:
+        return config.route(name) is not None
+
+    for name, route in routes.items():
+        check_route_links(errors, f"routes.{name}", route, host_models, exists)
+    for template in templates:
+        check_route_links(errors, f"templates.{template.name}", template.route, host_models, exists)
+    if server.default_route and not exists(server.default_route):
+        errors.add("server.default_route", f"unknown route {quote(server.default_route)}")
+    if errors:
+        raise ConfigError(errors.lines)
+    return config
+
+
+def load_config(path: str | Path) -> Config:
+    """Read and validate a TOML config file; every failure is a ConfigError naming the file."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError([f"{p}: no such file"]) from None
+    except IsADirectoryError:
+        raise ConfigError([f"{p}: is a directory, not a config file"]) from None
+    except OSError as e:
+        raise ConfigError([f"{p}: cannot read: {e.strerror}"]) from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError([f"{p}: not UTF-8 text"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{p}: not valid TOML: {e}"]) from None
+    return parse_config(data, str(p))

@@ -1,0 +1,162 @@
+"""Evacuate a host: drain it, then move each of its conversations, prewarmed, to the host the
+chooser picks, until it holds no leases and can be stopped.
+
+The targets are planned up front, one lease after another, each counted where it will go, so
+twenty conversations spread as twenty new leases would (the chooser's rules: peers, then the
+lowest leases/parallel, then the most free slots). The moves then run together: each host
+takes `prewarm_parallel` prewarms at a time (prewarm.py), so a host's prewarms queue there
+while another host's go on. A conversation whose prewarm fails, or that has no kept body,
+moves all the same (cold): the host must empty. Leases of a route pinned to the host stay
+(a pin outranks everything), and are reported as left.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from attrs import define, field
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from crossbar.config.values import Config
+from crossbar.handoff.moves import HandOff, Moved
+from crossbar.hosts.registry import Hosts
+from crossbar.leases.chooser import Chooser
+from crossbar.leases.table import Key, Table
+
+log = Logger(namespace="crossbar.evacuate")
+
+
+@define
+class Evacuation:
+    """One host's evacuation as the admin API shows it."""
+
+    host: str
+    started: float
+    total: int = 0
+    moved: int = 0  # leases moved off the host (warm or cold)
+    warm: int = 0  # of moved, those whose prewarm warmed the new host
+    failed: int = 0  # leases that could not be moved (no other host, pinned)
+    finished: float | None = None
+    done: Deferred[None] = field(factory=Deferred, repr=False)
+
+    @property
+    def left(self) -> int:
+        """Leases not yet moved (pending or failed)."""
+        return self.total - self.moved
+
+    @property
+    def running(self) -> bool:
+        return self.finished is None
+
+    def view(self) -> dict[str, object]:
+        """What `/api/hosts` and `POST /api/hosts/<name>/evacuate` show."""
+        return {
+            "total": self.total,
+            "moved": self.moved,
+            "warm": self.warm,
+            "left": self.left,
+            "failed": self.failed,
+            "running": self.running,
+            "started": self.started,
+            "finished": self.finished,
+        }
+
+
+class Evacuator:
+    """Runs evacuations, one per host at a time; keeps the latest of each host."""
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        config: Config,
+        table: Table,
+        hosts: Hosts,
+        chooser: Chooser,
+        handoff: HandOff,
+    ) -> None:
+        self._clock = clock
+        self._config = config
+        self._table = table
+        self._hosts = hosts
+        self._chooser = chooser
+        self._handoff = handoff
+        self.evacuations: dict[str, Evacuation] = {}
+
+    def reconfigure(self, config: Config) -> None:
+        self._config = config
+
+    async def start(self, host: str) -> Evacuation:
+        """Drain `host` and start moving its conversations (raises NoSuchHost); an
+        evacuation already running is returned as it is."""
+        current = self.evacuations.get(host)
+        if current is not None and current.running:
+            return current
+        await self._hosts.drain(host)
+        evacuation = self.evacuations[host] = Evacuation(host, self._clock.seconds())
+        plan = self._plan(host)
+        evacuation.total = len(plan)
+        evacuation.failed = sum(1 for _, target in plan if target is None)
+        log.info("evacuating {host}: {n} leases", host=host, n=len(plan))
+        moves = [
+            Deferred.fromCoroutine(self._move(evacuation, key, target))
+            for key, target in plan
+            if target is not None
+        ]
+        finished = DeferredList(moves, consumeErrors=True)
+        finished.addCallback(lambda _: self._finish(evacuation))
+        return evacuation
+
+    def _plan(self, host: str) -> list[tuple[Key, str | None]]:
+        """Each lease on `host` with the host it goes to (None: nowhere it may go)."""
+        config, hosts, table = self._config, self._hosts, self._table
+        planned: Counter[tuple[str, str]] = Counter()
+        plan: list[tuple[Key, str | None]] = []
+        leases = sorted(
+            (x for x in table.snapshot() if x.host == host), key=lambda x: -x.last_used
+        )  # the most recently used first: the likeliest to speak again soonest
+        for lease in leases:
+            key, model = lease.key, lease.key.model
+            route = config.route(key.route)
+            if route is None or table.pinned(key.route) == host:
+                plan.append((key, None))
+                continue
+            candidates = config.hosts_for(route, model, hosts.models)
+            usable = [
+                h for h in candidates if h != host and hosts.healthy(h) and not hosts.draining(h)
+            ]
+            peers = table.hosts_with_lease(route.peers, model) if route.peers else set()
+
+            def leases_on(h: str, model: str = model) -> int:
+                return table.count(h, model) + planned[(h, model)]
+
+            target = self._chooser.choose(usable, model, leases=leases_on, peers=peers)
+            if target is not None:
+                planned[(target, model)] += 1
+            plan.append((key, target))
+        return plan
+
+    async def _move(self, evacuation: Evacuation, key: Key, target: str) -> Moved:
+        moved = await self._handoff.move(key, target, "evacuate")
+        if moved.moved or not self._still_on(key, evacuation.host):
+            evacuation.moved += 1
+            evacuation.warm += moved.prewarm.result == "warm"
+        else:
+            evacuation.failed += 1
+        return moved
+
+    def _still_on(self, key: Key, host: str) -> bool:
+        return any(x.key == key and x.host == host for x in self._table.snapshot(key.route))
+
+    def _finish(self, evacuation: Evacuation) -> None:
+        evacuation.finished = self._clock.seconds()
+        log.info(
+            "evacuated {host}: {moved} of {total} leases moved ({warm} warm), {failed} left",
+            host=evacuation.host,
+            moved=evacuation.moved,
+            total=evacuation.total,
+            warm=evacuation.warm,
+            failed=evacuation.failed,
+        )
+        evacuation.done.callback(None)

@@ -1,0 +1,4 @@
+"""The fleet of llama-servers: the registry of configured hosts with their health (probes and
+passive failures), draining, flap damping, what each serves (configured or discovered) with its
+slots and context, and the spread probe schedule.
+"""

@@ -1,0 +1,63 @@
+"""What a good probe may go on to read: a router-mode host's `GET /models`, and `/props` of the
+models whose `parallel`/`ctx` the config leaves unset (hosts.py calls it, catalog.py keeps it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from twisted.internet.defer import CancelledError
+from twisted.logger import Logger
+
+from crossbar.hosts.health import Prober, failure_reason
+
+if TYPE_CHECKING:
+    from crossbar.hosts.entry import HostEntry
+
+
+async def discover(
+    prober: Prober, name: str, host: HostEntry, log: Logger, current: Callable[[], bool]
+) -> bool:
+    """Read what the host serves into its catalog; True when the catalog took new props (the
+    caller then tells who listens for slot changes). `current()` says the host is still the
+    one configured: a reload meanwhile voids what was read."""
+    catalog = host.catalog
+
+    def void() -> bool:
+        return not current() or host.catalog is not catalog  # removed or reconfigured
+
+    if host.config.discover:
+        try:
+            listed = await prober.list_models(host.config)
+        except CancelledError:
+            raise
+        except Exception as e:
+            # What the host listed before stays: a failed read is no news of its models.
+            why = str(e) if isinstance(e, ValueError) else failure_reason(e)
+            log.warn("host {host}: cannot read /models: {why}", host=name, why=why)
+            return False
+        if void():
+            return False
+        if catalog.take_listing(listed):
+            log.info(
+                "host {host} serves {models}",
+                host=name,
+                models=", ".join(f"{m} ({state})" for m, state in listed.items()) or "nothing",
+            )
+    found, failed = await prober.read_props(host.config, catalog.wanting_props())
+    if void():
+        return False
+    for model, why in failed.items():
+        log.warn("host {host}: cannot read /props for {model}: {why}", host=name, model=model,
+                 why=why)  # fmt: skip
+    for model, props in found.items():
+        log.info(
+            "host {host} model {model}: /props says total_slots={slots}, n_ctx={n_ctx}",
+            host=name,
+            model=model,
+            slots=props.total_slots,
+            n_ctx=props.n_ctx,
+        )
+    catalog.take_props(found, failed)
+    return True

@@ -1,0 +1,305 @@
+"""Health of one llama-server: the threshold state machine, probes, /props discovery.
+
+HTTP goes through a `Getter`: `get(url, headers) -> Deferred[(status, body)]` that honours
+cancellation. Production uses `treq_getter` on a persistent pool; unit tests pass a fake that
+answers (or hangs) on a `Clock`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+from attrs import define, frozen
+from treq.client import HTTPClient
+from twisted.internet import error as net
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import TimeoutError as DeferredTimeout
+from twisted.internet.interfaces import IReactorTime
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
+
+from crossbar.config.values import HostConfig, ModelConfig
+from crossbar.wire.endpoints import HostEndpoints, authorization
+from crossbar.wire.twisted_private import quiet_pool
+
+Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
+
+# A probe's own deadline (health_timeout) cancels it sooner; this only bounds a connect.
+_CONNECT_TIMEOUT = 30.0
+# Longest piece of an upstream error message kept in a reason (reasons go to logs and the API).
+_REASON_CHARS = 120
+
+
+class ProbeTimeout(Exception):
+    """A probe got no complete answer within health_timeout."""
+
+    def __init__(self, timeout: float) -> None:
+        super().__init__(f"no answer within {timeout:g}s")
+        self.timeout = timeout
+
+
+@frozen
+class Props:
+    """What discovery takes from `/props`; None where the answer lacks it."""
+
+    total_slots: int | None
+    n_ctx: int | None
+
+
+def build_client(reactor: IReactorTime) -> tuple[HTTPClient, HTTPConnectionPool]:
+    """A treq client on its own persistent pool; the caller closes the pool when done."""
+    pool = quiet_pool(reactor, persistent=True)  # no "Starting factory" line per probe
+    # One probe and one /props read per host at a time: two idle connections are plenty.
+    pool.maxPersistentPerHost = 2
+    # Endpoints made once per host: building one per request (IDNA-encoding the name) was most
+    # of a probe's cost, and 200 hosts at 1 s are 200 probes a second.
+    endpoints = HostEndpoints(reactor, _CONNECT_TIMEOUT)
+    agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
+    return HTTPClient(agent), pool  # type: ignore[arg-type]
+
+
+def treq_getter(client: HTTPClient) -> Getter:
+    """A Getter on `client`: the whole body is read; cancelling aborts the request."""
+
+    async def get(url: str, headers: Mapping[str, str]) -> tuple[int, bytes]:
+        # No redirects: a health endpoint that redirects is not answering 200.
+        response = await client.get(url, headers=dict(headers), allow_redirects=False)
+        body = await response.content()
+        return response.code, body
+
+    def start(url: str, headers: Mapping[str, str]) -> Deferred[tuple[int, bytes]]:
+        return Deferred.fromCoroutine(get(url, headers))
+
+    return start
+
+
+@frozen
+class Probe:
+    """One probe's outcome; `at` is clock seconds."""
+
+    at: float
+    ok: bool
+    reason: str
+
+
+@define
+class Health:
+    """One host's health: starts healthy; `unhealthy_after` bad probes in a row flip it,
+    `healthy_after` good ones flip it back, a passive failure flips it at once."""
+
+    healthy: bool = True
+    reason: str = "start"  # why the host is in its current state
+    good: int = 0  # consecutive good probes
+    bad: int = 0  # consecutive bad probes
+    flips: int = 0
+    last: Probe | None = None
+    proven: bool = False  # a probe has been good since the host came into the config
+    # Bumped by passive failures (and by Hosts on URL changes): results of probes started
+    # before are void, so a probe already under way cannot undo a failure the proxy just saw.
+    epoch: int = 0
+
+    @property
+    def unproven(self) -> bool:
+        """Probed, and never good yet: a host that was down when crossbar started (or when a
+        reload added it) is not given new leases on the strength of starting healthy."""
+        return self.last is not None and not self.proven
+
+    def record(self, probe: Probe, unhealthy_after: int, healthy_after: int) -> bool:
+        """Count one probe; True when it flipped the state (then `reason` says why)."""
+        self.last = probe
+        self.proven = self.proven or probe.ok
+        if probe.ok:
+            self.good, self.bad = self.good + 1, 0
+            if not self.healthy and self.good >= healthy_after:
+                return self._flip(True, f"{self.good} good probes")
+        else:
+            self.good, self.bad = 0, self.bad + 1
+            if self.healthy and self.bad >= unhealthy_after:
+                return self._flip(False, f"{self.bad} failed probes, last: {probe.reason}")
+        return False
+
+    def fail(self, reason: str, unhealthy_after: int) -> bool:
+        """A passive failure: unhealthy now; True when it flipped the state."""
+        self.epoch += 1
+        self.good = 0
+        self.bad = max(self.bad, unhealthy_after)
+        return self.healthy and self._flip(False, f"request failed: {reason}")
+
+    def _flip(self, healthy: bool, reason: str) -> bool:
+        self.healthy = healthy
+        self.reason = reason
+        self.flips += 1
+        return True
+
+
+@frozen
+class Prober:
+    """GETs against one host's llama-server, each within `within` seconds on `clock`."""
+
+    get: Getter
+    clock: IReactorTime
+    within: float
+
+    def fetch(self, host: HostConfig, path: str) -> Deferred[tuple[int, bytes]]:
+        """GET `path` of the host, with its api key as Bearer when it has one. On timeout the
+        request is cancelled and fails with ProbeTimeout, whatever the cancel itself raised
+        (treq wraps it in ResponseNeverReceived and friends)."""
+        headers = authorization(host)
+
+        def timed_out(result: Any, timeout: float) -> Any:
+            raise ProbeTimeout(timeout)
+
+        d = self.get(host.url + path, headers)
+        return d.addTimeout(self.within, self.clock, onTimeoutCancel=timed_out)
+
+    async def check(self, host: HostConfig) -> Probe:
+        """Probe `/health`: 200 is good, anything else bad. Only cancellation raises."""
+        try:
+            status, body = await self.fetch(host, "/health")
+        except CancelledError:
+            raise
+        except Exception as e:
+            return Probe(self.clock.seconds(), False, failure_reason(e))
+        if status == 200:
+            return Probe(self.clock.seconds(), True, "status 200")
+        return Probe(self.clock.seconds(), False, _redact(status_reason(status, body), host))
+
+    async def read_props(
+        self, host: HostConfig, models: Sequence[ModelConfig]
+    ) -> tuple[dict[str, Props], dict[str, str]]:
+        """Read `/props` for each of `models` (those whose `parallel` or `ctx` the config
+        leaves unset). A host with several models is a router-mode llama-server: each is
+        asked for with `?model=`, and a discovering host's with `&autoload=false` too (reading
+        the settings of a model must never load it).
+
+        Returns what was found and why the others failed, both by model name.
+        """
+        found: dict[str, Props] = {}
+        failed: dict[str, str] = {}
+        for m in models:
+            query = ""
+            if host.discover or len(host.models) > 1:
+                query = "?model=" + quote(m.upstream_name, safe="")
+                query += "&autoload=false" if host.discover else ""
+            try:
+                status, body = await self.fetch(host, "/props" + query)
+            except CancelledError:
+                raise
+            except Exception as e:
+                failed[m.name] = failure_reason(e)
+                continue
+            try:
+                if status != 200:
+                    raise ValueError(_redact(status_reason(status, body), host))
+                found[m.name] = parse_props(body)
+            except ValueError as e:
+                failed[m.name] = str(e)
+        return found, failed
+
+    async def list_models(self, host: HostConfig) -> dict[str, str]:
+        """What a host's `GET /models` lists: model id -> state (a router-mode llama-server
+        says `loaded`, `unloaded`, `loading`, `sleeping`, `downloading`, or `failed` for an
+        unloaded one that failed to load; a single-model server lists its model without one:
+        `loaded`). Raises ValueError (or the request's error) saying why it could not."""
+        status, body = await self.fetch(host, "/models")
+        if status != 200:
+            raise ValueError(_redact(status_reason(status, body), host))
+        return parse_models(body)
+
+
+def failure_reason(error: BaseException) -> str:
+    """A short, secret-free reason for a failed request: refused, timeout, reset, ..."""
+    if isinstance(error, ProbeTimeout):
+        return f"timeout ({error})"
+    if isinstance(error, DeferredTimeout):
+        return "timeout"
+    if isinstance(error, net.ConnectionRefusedError):
+        return "refused"
+    if isinstance(error, net.TCPTimedOutError | net.TimeoutError):
+        return "connect timeout"
+    if isinstance(error, net.DNSLookupError):
+        return "DNS lookup failed"
+    if isinstance(error, ResponseNeverReceived):
+        return "reset (connection closed before a response)"
+    if isinstance(error, ResponseFailed | net.ConnectionLost | net.ConnectionDone):
+        return "reset (connection lost)"
+    if isinstance(error, net.ConnectError):
+        return f"connect failed: {error.__class__.__name__}"
+    return f"error: {error.__class__.__name__}: {_clip(str(error))}"
+
+
+def status_reason(status: int, body: bytes) -> str:
+    """`status 503: Loading model` from llama-server's error body, or just `status 404`."""
+    message = _error_message(body)
+    return f"status {status}: {message}" if message else f"status {status}"
+
+
+def parse_props(body: bytes) -> Props:
+    """Read `total_slots` and `default_generation_settings.n_ctx` from a /props answer.
+
+    Raises ValueError when the body is not a JSON object.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("/props is not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError("/props is not a JSON object")
+    settings = data.get("default_generation_settings")
+    n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
+    return Props(total_slots=_positive(data.get("total_slots")), n_ctx=_positive(n_ctx))
+
+
+def parse_models(body: bytes) -> dict[str, str]:
+    """Model id -> state from a `GET /models` answer (see `Prober.list_models`)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise ValueError("/models is not JSON") from None
+    listed = data.get("data") if isinstance(data, dict) else None
+    if not isinstance(listed, list):
+        raise ValueError('/models has no "data" list')
+    models: dict[str, str] = {}
+    for entry in listed:
+        name = entry.get("id") if isinstance(entry, dict) else None
+        if not isinstance(name, str) or not name:
+            continue
+        status = entry.get("status")
+        state = status.get("value") if isinstance(status, dict) else None
+        if isinstance(status, dict) and status.get("failed"):
+            state = "failed"
+        models[name] = state if isinstance(state, str) and state else "loaded"
+    return models
+
+
+def _positive(value: Any) -> int | None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    return None
+
+
+def _error_message(body: bytes) -> str:
+    text = body.decode("utf-8", "replace").strip()
+    try:
+        data = json.loads(text)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            return _clip(err["message"])
+        if isinstance(err, str):
+            return _clip(err)
+    return _clip(text.splitlines()[0]) if text else ""
+
+
+def _redact(text: str, host: HostConfig) -> str:
+    # An upstream error page might echo the key we sent; reasons go to logs and the API.
+    return text.replace(host.api_key, "***") if host.api_key else text
+
+
+def _clip(text: str) -> str:
+    text = "".join(c if c.isprintable() else " " for c in text).strip()
+    return text if len(text) <= _REASON_CHARS else text[: _REASON_CHARS - 3] + "..."

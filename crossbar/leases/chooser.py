@@ -1,0 +1,139 @@
+"""Where a new lease goes: SPEC §5's chooser, a pure ranking over what the table passes it.
+
+The table knows the leases (how many each host holds for the model, counting placements still
+being written, and which hosts peer routes use); the limiter knows the slots and what each host
+is doing now (in flight and queued); the cache truth (warmth.py) knows which hosts have room to
+keep one more conversation warm. `Chooser.choose` gathers them into one `HostView` per candidate
+and `pick` ranks them: no part of it reaches back into the table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from fractions import Fraction
+from typing import Protocol
+
+from attrs import frozen
+
+from crossbar.leases.types import Lease
+
+
+class Capacity(Protocol):
+    """Slots per (host, model) and what is using them (crossbar.limiter.Limiter)."""
+
+    def parallel(self, host: str, model: str) -> int: ...
+
+    def free_slots(self, host: str, model: str) -> int: ...
+
+    def in_flight(self, host: str, model: str) -> int: ...
+
+    def queued(self, host: str, model: str) -> int: ...
+
+
+class Room(Protocol):
+    """Which hosts can keep one more conversation warm (crossbar.warmth.Warmth)."""
+
+    def room(self, host: str, need: int, leaving: Lease | None = None) -> bool: ...
+
+
+@frozen
+class HostView:
+    """One candidate as the chooser weighs it."""
+
+    name: str
+    peer: bool  # a peer route of the asking route holds a lease for the model here
+    leases: int  # leases of every route held here for the model, placements under way included
+    parallel: int  # slots for the model (0 when not known)
+    free: int  # slots free right now
+    held: bool = False  # held out of new placements after flapping (flaps.py)
+    busy: int = 0  # requests in flight and queued here for the model now
+    room: bool = True  # its cache keeps the new conversation warm beside its active ones
+
+
+def pick(views: Sequence[HostView]) -> str | None:
+    """The best host for a new lease, or None when there is no candidate.
+
+    Order of preference: a host not held down after flapping (a flapping host holds the
+    fewest leases because it keeps losing them, which must not draw new ones to it; it is
+    still used when every candidate is held); then one with room to keep the conversation warm
+    (a conversation placed where it is evicted pays its prefill again every turn); then a peer
+    host (their caches likely share prefixes); then the lowest leases/parallel (placements
+    being written count, so conversations arriving together spread as if one by one; exact
+    fractions keep 1/3 and 2/6 equal so the next level decides); then the lowest
+    busy/parallel (what the host does now); then the most free slots; then the candidates'
+    (config) order. A parallel below 1 counts as one slot, never a division by zero.
+    """
+    if not views:
+        return None
+
+    def rank(item: tuple[int, HostView]) -> tuple[bool, bool, bool, Fraction, Fraction, int, int]:
+        order, v = item
+        slots = max(v.parallel, 1)
+        return (
+            v.held,
+            not v.room,
+            not v.peer,
+            Fraction(v.leases, slots),
+            Fraction(v.busy, slots),
+            -v.free,
+            order,
+        )
+
+    return min(enumerate(views), key=rank)[1].name
+
+
+def _no_leases(host: str) -> int:
+    return 0
+
+
+def _never_held(host: str) -> bool:
+    return False
+
+
+def _always_known(host: str, model: str) -> bool:
+    return True
+
+
+@frozen
+class Chooser:
+    """Reads the capacity of each candidate and picks (SPEC's `Chooser.choose`)."""
+
+    capacity: Capacity
+    held: Callable[[str], bool] = _never_held  # hosts.Hosts.held_down in production
+    # Whether a host's slots for the model are known yet (configured or read from /props).
+    known: Callable[[str, str], bool] = _always_known
+    warmth: Room | None = None
+
+    def choose(
+        self,
+        candidates: Sequence[str],
+        model: str,
+        leases: Callable[[str], int] = _no_leases,
+        peers: Collection[str] = (),
+        need: int = 0,
+        leaving: Lease | None = None,
+    ) -> str | None:
+        """The best of `candidates` for a new lease of `model`; `leases(host)` counts the
+        leases held there for the model, `peers` are hosts where a peer route holds one,
+        `need` the tokens the conversation is expected to keep warm, `leaving` a lease being
+        placed again (it no longer counts on its host).
+
+        A host whose slots are not known yet is weighed as one with the known candidates'
+        typical `parallel` (their mean): neither preferred nor penalised for it."""
+        cap, held, known, warmth = self.capacity, self.held, self.known, self.warmth
+        parallels = {h: cap.parallel(h, model) for h in candidates}
+        sure = [p for h, p in parallels.items() if p > 0 and known(h, model)]
+        typical = max(1, round(sum(sure) / len(sure))) if sure else 1
+        views = []
+        for h in candidates:
+            busy = cap.in_flight(h, model) + cap.queued(h, model)
+            if parallels[h] > 0 and known(h, model):
+                parallel, free = parallels[h], cap.free_slots(h, model)
+            else:
+                parallel, free = typical, max(0, typical - cap.in_flight(h, model))
+            count = leases(h)
+            if leaving is not None and leaving.host == h:
+                count -= 1
+            room = True if warmth is None else warmth.room(h, need, leaving)
+            views.append(HostView(h, h in peers, count, parallel, free, held(h), busy, room))
+        return pick(views)

@@ -1,0 +1,176 @@
+"""The waiters of one (host, model): priority levels, fair lines, FIFO within a line.
+
+Each waiter belongs to a route, and the route's limits (read through a callable, so a reload
+takes effect on `rearrange`) place it:
+
+- **Level**: one per priority. `take` looks at the highest level with an eligible waiter first,
+  so a higher priority is admitted before every lower one.
+- **Line**: within a level, every route that sets no `weight` shares one line (weight 1), in
+  arrival order across those routes: with every route at the defaults there is one level and
+  one line, which is exactly the old FIFO. A route that sets `weight` has a line of its own.
+- **Fair sharing** between the lines of a level is start-time fair queuing over admissions:
+  each line carries the start tag of its next admission; `take` admits from the eligible line
+  with the smallest tag (ties: the earlier arrival), sets the level's virtual time to that tag
+  and moves the line's tag on by 1 / weight. A line's tag is never taken below the virtual time,
+  so a line that sat idle, or whose route sat at its cap, gets no credit for the time it
+  missed: over a backlog, lines are admitted in proportion to their weights.
+- **Eligibility** is the caller's (a route at its `max_in_flight` is not): within a line the
+  first eligible waiter is taken, so a capped route's waiters never block anyone else's.
+
+Nothing here knows about slots, time or Deferreds; the limiter decides when to `take`.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterator
+from typing import Generic, Protocol, TypeVar
+
+from attrs import define, field
+
+from crossbar.config.limits import RouteLimits
+
+SHARED_WEIGHT = 1.0
+
+
+class Queued(Hashable, Protocol):
+    """What the queue needs of a waiter: its route's name and its arrival number."""
+
+    @property
+    def route(self) -> str: ...
+
+    @property
+    def seq(self) -> int: ...
+
+
+W = TypeVar("W", bound=Queued)
+Eligible = Callable[[str], bool]
+_LineKey = str | None  # a weighted route's name, or None for the level's shared line
+
+
+@define
+class _Line(Generic[W]):
+    weight: float
+    tag: float  # the start tag of this line's next admission
+    routes: dict[str, deque[W]] = field(factory=dict)  # each in arrival order
+
+    def head(self, eligible: Eligible) -> W | None:
+        """The earliest waiter of an eligible route."""
+        best: W | None = None
+        for name, waiters in self.routes.items():
+            if waiters and (best is None or waiters[0].seq < best.seq) and eligible(name):
+                best = waiters[0]
+        return best
+
+
+@define
+class _Level(Generic[W]):
+    priority: int
+    vtime: float = 0.0  # the start tag of the level's latest admission
+    lines: dict[_LineKey, _Line[W]] = field(factory=dict)
+
+
+class FairQueue(Generic[W]):
+    """Waiters by priority, then fair share by weight, then arrival; see the module doc."""
+
+    def __init__(self, limits: Callable[[str], RouteLimits]) -> None:
+        self._limits = limits
+        self._levels: dict[int, _Level[W]] = {}
+        self._where: dict[W, tuple[_Level[W], _Line[W]]] = {}
+        self._counts: Counter[str] = Counter()
+
+    def __len__(self) -> int:
+        return len(self._where)
+
+    def __iter__(self) -> Iterator[W]:
+        """Every waiter, in arrival order."""
+        return iter(sorted(self._where, key=lambda w: w.seq))
+
+    def count(self, route: str) -> int:
+        """Waiters of `route`."""
+        return self._counts.get(route, 0)
+
+    def by_route(self) -> dict[str, int]:
+        """Waiters per route, by route name."""
+        return {name: n for name, n in sorted(self._counts.items()) if n}
+
+    def push(self, waiter: W) -> None:
+        """Queue `waiter` at the back of its route's line (arrivals come in `seq` order)."""
+        limits = self._limits(waiter.route)
+        level = self._levels.get(limits.priority)
+        if level is None:
+            level = self._levels[limits.priority] = _Level(limits.priority)
+        key = None if limits.weight is None else waiter.route
+        weight = SHARED_WEIGHT if limits.weight is None else limits.weight
+        line = level.lines.get(key)
+        if line is None:
+            line = level.lines[key] = _Line(weight, level.vtime)
+        line.weight = weight
+        line.routes.setdefault(waiter.route, deque()).append(waiter)
+        self._where[waiter] = (level, line)
+        self._counts[waiter.route] += 1
+
+    def remove(self, waiter: W) -> None:
+        """Take `waiter` out (it left: cancelled, timed out)."""
+        level, line = self._where[waiter]
+        line.routes[waiter.route].remove(waiter)
+        self._forget(waiter, level, line)
+
+    def take(self, eligible: Eligible) -> W | None:
+        """Remove and return the waiter to admit next among eligible routes, or None."""
+        for priority in sorted(self._levels, reverse=True):
+            level = self._levels[priority]
+            best: tuple[float, int, _Line[W], W] | None = None
+            for line in level.lines.values():
+                head = line.head(eligible)
+                if head is None:
+                    continue
+                tag = max(line.tag, level.vtime)
+                if best is None or (tag, head.seq) < best[:2]:
+                    best = (tag, head.seq, line, head)
+            if best is None:
+                continue
+            tag, _, line, waiter = best
+            level.vtime = tag
+            line.tag = tag + 1 / line.weight
+            line.routes[waiter.route].popleft()
+            self._forget(waiter, level, line)
+            return waiter
+        return None
+
+    def rearrange(self) -> None:
+        """Place every waiter again by its route's current limits (after a reload), keeping
+        arrival order, each level's virtual time and each surviving line's tag."""
+        waiters = list(self)
+        self._levels = {
+            priority: _Level(
+                priority,
+                level.vtime,
+                {k: _Line(line.weight, line.tag) for k, line in level.lines.items()},
+            )
+            for priority, level in self._levels.items()
+        }
+        self._where.clear()
+        self._counts.clear()
+        for waiter in waiters:
+            self.push(waiter)
+        for level in list(self._levels.values()):
+            self._prune(level)
+
+    def _forget(self, waiter: W, level: _Level[W], line: _Line[W]) -> None:
+        del self._where[waiter]
+        self._counts[waiter.route] -= 1
+        if not self._counts[waiter.route]:
+            del self._counts[waiter.route]
+        if not line.routes[waiter.route]:
+            del line.routes[waiter.route]
+        self._prune(level)
+
+    def _prune(self, level: _Level[W]) -> None:
+        # An empty line whose tag the virtual time has reached would restart there anyway;
+        # an empty level forgets its lines (with nobody waiting there is nothing to share).
+        for key, line in list(level.lines.items()):
+            if not line.routes and line.tag <= level.vtime:
+                del level.lines[key]
+        if all(not line.routes for line in level.lines.values()):
+            del self._levels[level.priority]

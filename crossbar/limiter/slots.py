@@ -1,0 +1,365 @@
+"""Per-(host, model) request slots with a bounded, fairly shared queue (SPEC §8).
+
+Each (host, model) has `parallel` slots, read from a callable every time it matters so that
+discovery and config reloads take effect without telling the limiter anything but `resized`.
+`acquire` takes a slot or waits for one in a queue of at most `queue_max`, for at most
+`queue_timeout`; `track` counts a request that must never wait (routes with `queue = false`).
+
+Each request may name its route's limits (`RouteLimits`): the queue behind every (host, model)
+is a `FairQueue` (priority, then fair share by weight, then arrival), a route's requests in
+flight over all hosts stay within its `max_in_flight`, and its waiters per (host, model) within
+its `max_queued`. With every route at the defaults the queue is the old FIFO exactly. When the
+limiter has a config, the config's limits for a route win over what a caller passes, so a
+request understood before a reload still queues under the new limits.
+
+The release rule (seeds/v2.3-02): a release hands its slot to the first waiter only when in flight
+<= parallel at that moment; otherwise it only decrements in flight. Implemented as "after the
+decrement, admit waiters while in flight < parallel", which is the same condition and, with
+`acquire` alone (in flight never above parallel), exactly a FIFO semaphore. "First waiter" is
+the first in priority-then-fair order whose route is below its cap; and a release that takes a
+capped route below its cap also lets that route's waiters on other (host, model)s into their
+free slots. So no waiter is left while its slot is free and its route below its cap.
+
+Retry-after hints (for `Retry-After`): the expected wait of a request joining the back of the
+queue now, `mean hold time x (queued + 1) / parallel`, where the mean is an exponentially
+weighted average of how long recent requests held their slot (before any has finished, a
+guess of FIRST_HOLD_GUESS seconds); at most `queue_timeout` and at least 1 s.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import count
+
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IReactorTime
+
+from crossbar.config.limits import DEFAULT_LIMITS, RouteLimits
+from crossbar.config.values import Config
+from crossbar.limiter.fairqueue import FairQueue
+from crossbar.limiter.types import (
+    LimiterError,
+    Pair,
+    QueueFull,
+    QueueTimeout,
+    Release,
+    RouteEntry,
+    RouteQueueFull,
+    RouteState,
+    SlotEntry,
+    SlotState,
+    Waiter,
+)
+
+__all__ = [
+    "FIRST_HOLD_GUESS",
+    "Limiter",
+    "LimiterError",
+    "QueueFull",
+    "QueueTimeout",
+    "Release",
+    "RouteQueueFull",
+    "RouteState",
+    "SlotState",
+]
+
+# How long a slot is held, until one has been seen: a longish generation. Not queue_timeout:
+# right after a restart that would send every refused client away for minutes.
+FIRST_HOLD_GUESS = 30.0
+# Weight of the newest hold time in the running average behind retry-after hints.
+_HOLD_WEIGHT = 0.2
+
+
+class Limiter:
+    """Slots and queues for every (host, model); time comes from the injected `clock`.
+
+    Entries per (host, model) are created on first use and kept (so counters stay monotonic for
+    metrics); they are bounded by the configured (host, model) pairs the proxy asks about.
+    Entries per route live while the route has requests in flight or waiting.
+    """
+
+    def __init__(
+        self,
+        clock: IReactorTime,
+        parallel: Callable[[str, str], int],
+        queue_max: int,
+        queue_timeout: float,
+        config: Config | None = None,
+    ) -> None:
+        self._clock = clock
+        self._parallel = parallel
+        self._queue_max = queue_max
+        self._queue_timeout = queue_timeout
+        self._config = config
+        self._slots: dict[Pair, SlotEntry] = {}
+        self._routes: dict[str, RouteEntry] = {}
+        self._arrivals = count()
+        # Told (host, model, priority) of each request that had to queue: a prewarm holding a
+        # slot there gives it up (prewarm.py), so a client never waits behind one.
+        self.on_wait: list[Callable[[str, str, int], None]] = []
+
+    # -- the request path
+
+    def acquire(self, host: str, model: str, route: RouteLimits | None = None) -> Deferred[Release]:
+        """A slot: fires with its idempotent release, or fails with QueueFull / QueueTimeout.
+
+        `route` places the request in the queue (None: an anonymous route at the defaults).
+        Cancelling the Deferred while it waits removes the waiter from the queue; it never holds
+        a slot. Once it has fired, the caller owns the release and must call it.
+        """
+        key = (host, model)
+        slots = self._entry(key)
+        self._admit(key, slots)  # parallel may have grown without a `resized` call
+        state = self._route(route)
+        if slots.in_flight < self._limit(key) and state.below_cap():
+            # Whoever still waits here after _admit is at its route's cap: nobody is passed over.
+            slots.held += 1
+            slots.admitted += 1
+            state.held += 1
+            return succeed(self._release(key, slots, state, tracked=False))
+        name, bound = state.name, state.limits.queued_bound(self._queue_max)
+        if len(slots.waiters) >= self._queue_max or slots.waiters.count(name) >= bound:
+            slots.refused += 1
+            self._forget_if_idle(state)
+            retry = self._retry_after(key, slots)
+            if len(slots.waiters) >= self._queue_max:
+                return fail(QueueFull(f"queue for {model} on {host} is full", retry))
+            message = f"route {name}'s queue for {model} on {host} is full (max_queued {bound})"
+            return fail(RouteQueueFull(message, retry, name, bound))
+        waiter = Waiter(name, next(self._arrivals), self._clock.seconds())
+        waiter.deferred = Deferred(lambda _: self._leave(key, slots, waiter))
+        waiter.timer = self._clock.callLater(self._queue_timeout, self._expire, key, slots, waiter)
+        slots.waiters.push(waiter)
+        state.waiting[key] += 1
+        for listener in self.on_wait:
+            listener(host, model, state.limits.priority)
+        return waiter.deferred
+
+    def track(self, host: str, model: str, route: RouteLimits | None = None) -> Release:
+        """Count a request without waiting or refusing (in flight may exceed parallel); it
+        counts in its route's in flight too."""
+        key = (host, model)
+        slots = self._entry(key)
+        state = self._route(route)
+        slots.tracked += 1
+        slots.tracked_total += 1
+        state.tracked += 1
+        return self._release(key, slots, state, tracked=True)
+
+    # -- reload and discovery
+
+    def reconfigure(self, config: Config) -> None:
+        """New queue limits and route limits (config reload). Waiters already queued keep their
+        deadline and are placed again by their route's new priority and weight; a larger cap or
+        a new priority admits at once where slots are free. A smaller `queue_max` or
+        `max_queued` refuses newcomers until the queue is below it; a smaller cap revokes
+        nothing. A route the new config does not serve keeps the limits it had."""
+        self._queue_max = config.server.queue_max
+        self._queue_timeout = config.server.queue_timeout
+        self._config = config
+        for name, state in self._routes.items():
+            state.limits = self._limits_of(name, state.limits)
+        for slots in self._slots.values():
+            slots.waiters.rearrange()
+        for key in sorted(self._slots):
+            self._admit(key, self._slots[key])
+
+    def resized(self, host: str, model: str) -> None:
+        """`parallel(host, model)` changed: admit waiters into slots that are now free.
+
+        A shrink revokes nothing: holders keep their slots, and waiters are admitted again only
+        once in flight has fallen below the new parallel.
+        """
+        key = (host, model)
+        slots = self._slots.get(key)
+        if slots is not None:
+            self._admit(key, slots)
+
+    def resized_all(self) -> None:
+        """Every `parallel` may have changed (another crossbar instance came or went)."""
+        for key, slots in list(self._slots.items()):
+            self._admit(key, slots)
+
+    # -- views
+
+    def total_in_flight(self) -> int:
+        """Requests in flight over every (host, model)."""
+        return sum(slots.in_flight for slots in self._slots.values())
+
+    def parallel(self, host: str, model: str) -> int:
+        """Slots of (host, model) as configured or discovered (0 or less: not known)."""
+        return self._parallel(host, model)
+
+    def in_flight(self, host: str, model: str) -> int:
+        slots = self._slots.get((host, model))
+        return 0 if slots is None else slots.in_flight
+
+    def free_slots(self, host: str, model: str) -> int:
+        return max(0, self._limit((host, model)) - self.in_flight(host, model))
+
+    def queued(self, host: str, model: str) -> int:
+        slots = self._slots.get((host, model))
+        return 0 if slots is None else len(slots.waiters)
+
+    def queued_by_route(self, host: str, model: str) -> dict[str, int]:
+        """Waiters of (host, model) per route name ("" for requests that named none)."""
+        slots = self._slots.get((host, model))
+        return {} if slots is None else slots.waiters.by_route()
+
+    def route(self, name: str) -> RouteState | None:
+        """The route's limits and counts over every (host, model); None while it is idle."""
+        state = self._routes.get(name)
+        return None if state is None else self._route_state(state)
+
+    def routes(self) -> dict[str, RouteState]:
+        """Every route with requests in flight or waiting, by name."""
+        return {name: self._route_state(self._routes[name]) for name in sorted(self._routes)}
+
+    def snapshot(self) -> list[SlotState]:
+        """Every (host, model) seen so far, sorted by host then model."""
+        states = []
+        for key in sorted(self._slots):
+            s = self._slots[key]
+            parallel = self._limit(key)
+            states.append(
+                SlotState(
+                    host=key[0],
+                    model=key[1],
+                    parallel=parallel,
+                    in_flight=s.in_flight,
+                    tracked=s.tracked,
+                    queued=len(s.waiters),
+                    free=max(0, parallel - s.in_flight),
+                    admitted=s.admitted,
+                    tracked_total=s.tracked_total,
+                    refused=s.refused,
+                    timed_out=s.timed_out,
+                    cancelled=s.cancelled,
+                    wait_seconds=s.wait_seconds,
+                )
+            )
+        return states
+
+    # -- internals
+
+    def _entry(self, key: Pair) -> SlotEntry:
+        slots = self._slots.get(key)
+        if slots is None:
+            slots = self._slots[key] = SlotEntry(FairQueue(self._route_limits))
+        return slots
+
+    @staticmethod
+    def _route_state(state: RouteEntry) -> RouteState:
+        return RouteState(state.limits, state.in_flight, state.tracked, sum(state.waiting.values()))
+
+    def _route_limits(self, name: str) -> RouteLimits:
+        # Every queued waiter's route has an entry: a route with waiters is never idle.
+        return self._routes[name].limits
+
+    def _limits_of(self, name: str, given: RouteLimits) -> RouteLimits:
+        route = self._config.route(name) if self._config is not None and name else None
+        return given if route is None else route.limits
+
+    def _route(self, limits: RouteLimits | None) -> RouteEntry:
+        given = DEFAULT_LIMITS if limits is None else limits
+        state = self._routes.get(given.name)
+        if state is None:
+            limits = self._limits_of(given.name, given)
+            state = self._routes[given.name] = RouteEntry(given.name, limits)
+        return state
+
+    def _forget_if_idle(self, state: RouteEntry) -> None:
+        if not state.in_flight and not state.waiting:
+            del self._routes[state.name]
+
+    def _eligible(self, name: str) -> bool:
+        return self._routes[name].below_cap()
+
+    def _limit(self, key: Pair) -> int:
+        # A parallel below 1 would strand every waiter until its timeout.
+        return max(1, self._parallel(*key))
+
+    def _release(self, key: Pair, slots: SlotEntry, state: RouteEntry, tracked: bool) -> Release:
+        started = self._clock.seconds()
+        done = False
+
+        def release() -> None:
+            nonlocal done
+            if done:
+                return
+            done = True
+            if tracked:
+                slots.tracked -= 1
+                state.tracked -= 1
+            else:
+                slots.held -= 1
+                state.held -= 1
+            held_for = self._clock.seconds() - started
+            average = slots.hold_average
+            slots.hold_average = (
+                held_for if average is None else average + _HOLD_WEIGHT * (held_for - average)
+            )
+            # The release rule: in flight was <= parallel before the decrement exactly when it
+            # is < parallel now, and only then does a waiter get the slot.
+            self._admit(key, slots)
+            if state.limits.max_in_flight is not None:
+                # The route's cap may have freed a place: its waiters elsewhere may take it.
+                for pair in sorted(p for p in state.waiting if p != key):
+                    self._admit(pair, self._slots[pair])
+            self._forget_if_idle(state)
+
+        return release
+
+    def _admit(self, key: Pair, slots: SlotEntry) -> None:
+        while slots.in_flight < self._limit(key):
+            waiter = slots.waiters.take(self._eligible)
+            if waiter is None:
+                return
+            state = self._routes[waiter.route]
+            self._unwait(state, key)
+            assert waiter.timer is not None and waiter.deferred is not None
+            waiter.timer.cancel()
+            slots.held += 1
+            slots.admitted += 1
+            state.held += 1
+            slots.wait_seconds += self._clock.seconds() - waiter.enqueued
+            # State is settled before the callback: it may re-enter (release, acquire).
+            waiter.deferred.callback(self._release(key, slots, state, tracked=False))
+
+    def _unwait(self, state: RouteEntry, key: Pair) -> None:
+        state.waiting[key] -= 1
+        if not state.waiting[key]:
+            del state.waiting[key]
+
+    def _leave(self, key: Pair, slots: SlotEntry, waiter: Waiter) -> None:
+        # The Deferred canceller: only runs while the waiter is still queued (a fired Deferred
+        # ignores cancel), and Deferred.cancel then errbacks it with CancelledError.
+        slots.waiters.remove(waiter)
+        slots.cancelled += 1
+        state = self._routes[waiter.route]
+        self._unwait(state, key)
+        self._forget_if_idle(state)
+        assert waiter.timer is not None
+        waiter.timer.cancel()
+
+    def _expire(self, key: Pair, slots: SlotEntry, waiter: Waiter) -> None:
+        slots.waiters.remove(waiter)
+        slots.timed_out += 1
+        state = self._routes[waiter.route]
+        self._unwait(state, key)
+        self._forget_if_idle(state)
+        assert waiter.deferred is not None
+        host, model = key
+        waited = self._clock.seconds() - waiter.enqueued
+        waiter.deferred.errback(
+            QueueTimeout(
+                f"waited {waited:g}s for a slot for {model} on {host}",
+                self._retry_after(key, slots),
+            )
+        )
+
+    def _retry_after(self, key: Pair, slots: SlotEntry) -> float:
+        hold = FIRST_HOLD_GUESS if slots.hold_average is None else slots.hold_average
+        estimate = hold * (len(slots.waiters) + 1) / self._limit(key)
+        # Retry-After is whole seconds; below 1 s a client would just hammer the queue.
+        return max(1.0, min(estimate, self._queue_timeout))

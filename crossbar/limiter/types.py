@@ -1,0 +1,119 @@
+"""The limiter's values, errors and per-(host, model) and per-route entries."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from attrs import define, field, frozen
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
+
+from crossbar.config.limits import RouteLimits
+from crossbar.limiter.fairqueue import FairQueue
+
+Release = Callable[[], None]
+Pair = tuple[str, str]  # (host, model)
+
+
+class LimiterError(Exception):
+    """The limiter refused a request; `retry_after` is a hint in seconds for the client."""
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class QueueFull(LimiterError):
+    """Refused at once: no free slot and the queue already holds `queue_max` waiters."""
+
+
+class RouteQueueFull(QueueFull):
+    """Refused at once: the route already has `max_queued` waiters for this (host, model)."""
+
+    def __init__(self, message: str, retry_after: float, route: str, bound: int) -> None:
+        super().__init__(message, retry_after)
+        self.route = route
+        self.bound = bound
+
+
+class QueueTimeout(LimiterError):
+    """Waited `queue_timeout` in the queue without getting a slot."""
+
+
+@frozen
+class SlotState:
+    """One (host, model) as the admin API and metrics see it. Counters only grow."""
+
+    host: str
+    model: str
+    parallel: int
+    in_flight: int  # acquired and tracked requests
+    tracked: int  # of in_flight, requests counted by `track`
+    queued: int
+    free: int
+    admitted: int  # slots granted by `acquire`, at once or after waiting
+    tracked_total: int
+    refused: int  # QueueFull
+    timed_out: int  # QueueTimeout
+    cancelled: int  # waiters that left the queue (client gone)
+    wait_seconds: float  # total time admitted requests spent queued
+
+
+@frozen
+class RouteState:
+    """One route as the limiter counts it over every (host, model)."""
+
+    limits: RouteLimits
+    in_flight: int  # acquired and tracked requests
+    tracked: int
+    queued: int
+
+
+@define(eq=False)
+class Waiter:
+    """One request waiting in a (host, model)'s queue."""
+
+    route: str
+    seq: int  # arrival order over the whole limiter
+    enqueued: float
+    deferred: Deferred[Release] | None = None
+    timer: IDelayedCall | None = None
+
+
+@define(eq=False)
+class RouteEntry:
+    """A route's counts over every (host, model), while it has requests in flight or waiting."""
+
+    name: str
+    limits: RouteLimits
+    held: int = 0
+    tracked: int = 0
+    waiting: Counter[Pair] = field(factory=Counter)  # waiters per (host, model)
+
+    @property
+    def in_flight(self) -> int:
+        return self.held + self.tracked
+
+    def below_cap(self) -> bool:
+        return self.limits.below_cap(self.in_flight)
+
+
+@define(eq=False)
+class SlotEntry:
+    """One (host, model)'s slots, queue and counters."""
+
+    waiters: FairQueue[Waiter]
+    held: int = 0
+    tracked: int = 0
+    hold_average: float | None = None
+    admitted: int = 0
+    tracked_total: int = 0
+    refused: int = 0
+    timed_out: int = 0
+    cancelled: int = 0
+    wait_seconds: float = 0.0
+
+    @property
+    def in_flight(self) -> int:
+        return self.held + self.tracked

@@ -1,0 +1,43 @@
+"""A request as the proxy comes to understand it: what it is for, then what it asks of a host."""
+
+from __future__ import annotations
+
+from attrs import frozen
+
+from crossbar.config.route import Route
+from crossbar.leases.types import Key
+from crossbar.wire.dialects import Dialect, Kind
+from crossbar.wire.inbound import Inbound
+
+
+@frozen
+class Target:
+    """What a request is for: its route, its API and what crossbar does with it (None: no
+    such path), its method and its llama-server path."""
+
+    route: Route
+    dialect: Dialect
+    kind: Kind | None
+    method: str
+    path: str
+
+
+@frozen
+class Call:
+    """A request understood: its route, API, kind, model, conversation and lease key."""
+
+    route: Route
+    dialect: Dialect
+    kind: Kind
+    inbound: Inbound
+    model: str
+    key: Key
+    candidates: tuple[str, ...]
+    origin: str | None  # the host of the running completion a control call names
+    need: int = 0  # prompt tokens expected (estimated from its characters), for placement
+
+    @property
+    def conversation(self) -> bool:
+        """The call has a lease of its own to take: it names a conversation, or its route
+        shares one lease (affinity = "route"). Anything else never makes a lease."""
+        return bool(self.key.fp) or self.route.per_route()

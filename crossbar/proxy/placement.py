@@ -1,0 +1,95 @@
+"""Where each request goes, and what its answer teaches: the lease step of the request path.
+
+Which requests make which lease (docs/architecture.md, "Which requests make a lease"):
+- a call that names a running completion goes where that runs, and makes nothing;
+- a call with no conversation of its own (no fingerprint on an `affinity = "conversation"`
+  route: a control call such as `GET /props`, and equally an inference request whose body
+  names no conversation, such as `{"messages": []}` or `{"messages": 5}`) makes no lease: it
+  goes where the route lease is, if the route has one, else where a new lease would go, and
+  takes only its own slot;
+- every other call takes its lease by the table's rules (lease.py): the conversation's own,
+  or on an `affinity = "route"` route the route's one lease, which every call of the route,
+  control calls first among them, shares;
+- a lease whose first request is refused (by crossbar's context guard after the lease was
+  made, or by the host with a 4xx other than 408 and 429) is forgotten again (event reason
+  `refused`): a request nobody could serve places nothing;
+- an answered turn tells the cache truth (warmth.py): a conversation whose host evicted its
+  prefix is placed again at its next turn (event reason `cold`), as a new one would be.
+"""
+
+from __future__ import annotations
+
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from crossbar.hosts.registry import Hosts
+from crossbar.leases.table import Acquired, Table
+from crossbar.leases.warmth import Warmth
+from crossbar.proxy.call import Call
+from crossbar.wire.dialects import Kind
+from crossbar.wire.meter import Tokens
+
+log = Logger(namespace="crossbar.placement")
+
+
+def refusal(status: int) -> bool:
+    """A host's answer that says the request itself was wrong: 4xx, but not 408 (the host
+    timed the request out) nor 429 (the host is busy), which say nothing of the request."""
+    return 400 <= status < 500 and status not in (408, 429)
+
+
+class Placement:
+    """The lease step: `place` before a call is sent, `refused` / `answered` after."""
+
+    def __init__(self, table: Table, hosts: Hosts, warmth: Warmth, clock: IReactorTime) -> None:
+        self._table = table
+        self._hosts = hosts
+        self._warmth = warmth
+        self._clock = clock
+
+    async def place(self, call: Call) -> Acquired:
+        """The host for `call`; raises the table's LeaseError (NoHost, PinnedDown)."""
+        table, key = self._table, call.key
+        if call.origin is not None and self._hosts.healthy(call.origin):
+            pinned = table.pinned(key.route) is not None
+            return Acquired(call.origin, reused=True, pinned=pinned)
+        peers = call.route.peers
+        if not call.conversation:
+            # Nothing to keep anywhere: where the route lease is, else where a new lease would
+            # go, recording nothing (one GET /props or one junk body must not make the lease
+            # every conversation of the route then inherits).
+            return table.peek(key, call.candidates, peers)
+        now = self._clock.seconds()
+        if call.kind is Kind.INFERENCE:
+            lease = table.lease(key)
+            if lease is not None and lease.cold:
+                moved = await table.rehome(key, call.candidates, now, peers)
+                if moved is not None:
+                    return moved
+        return await table.acquire(key, call.candidates, now, peers, call.need)
+
+    async def refused(self, call: Call, acquired: Acquired) -> None:
+        """crossbar refused `call` after placing it (the context guard): a lease it made goes."""
+        if acquired.born:
+            await self._undo(call, acquired)
+
+    async def answered(self, call: Call, acquired: Acquired, status: int, tokens: Tokens) -> None:
+        """The host answered `call` with `status`: a refused first request leaves no lease; an
+        answered inference turn tells what the host kept of its conversation."""
+        if refusal(status):
+            if acquired.born:
+                await self._undo(call, acquired)
+            return
+        if status != 200 or call.kind is not Kind.INFERENCE or not call.key.fp:
+            return  # a route lease is many conversations': no prefix of its own to lose
+        lease = self._table.lease(call.key)
+        if lease is not None and lease.host == acquired.host:
+            self._warmth.turn(lease, tokens.prompt, tokens.cached, tokens.completion)
+
+    async def _undo(self, call: Call, acquired: Acquired) -> None:
+        try:
+            await self._table.undo(call.key, acquired.host, self._clock.seconds())
+        except Exception:
+            # The store refused the delete; the lease stays, which is what a working request
+            # would have left: nothing to tell the client, whose answer has gone.
+            log.failure("could not forget the lease of a refused request {key}", key=call.key)

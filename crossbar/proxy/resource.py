@@ -1,0 +1,395 @@
+"""The client-facing Resource: one request's sequence (SPEC §4).
+
+route → dialect → model → fingerprint → lease → guard → slot → upstream → relay → usage
+
+Each step is another module's; this one only orders them, answers what crossbar answers
+itself, and keeps the running requests so a stop can drain them.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import NOT_DONE_YET
+
+from crossbar.config.values import Config
+from crossbar.hosts.registry import Hosts
+from crossbar.leases.table import Acquired, Key, LeaseError, NoHost
+from crossbar.limiter.slots import Limiter, LimiterError, Release
+from crossbar.proxy import cors
+from crossbar.proxy.answers import answer_json, models_list, route_health
+from crossbar.proxy.call import Call, Target
+from crossbar.proxy.fingerprint import fingerprint
+from crossbar.proxy.guard import ContextGuard
+from crossbar.proxy.ids import IdMemory
+from crossbar.proxy.placement import Placement
+from crossbar.proxy.refusals import Where, for_exception
+from crossbar.proxy.routing import check_key, choose_model, resolve_route, split_route
+from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
+from crossbar.wire.dialects import OPENAI_CHAT, Kind, classify
+from crossbar.wire.errors import (
+    INTERNAL,
+    ClientError,
+    bad_request,
+    not_found,
+    unavailable,
+    write_error,
+)
+from crossbar.wire.exchange import Exchange
+from crossbar.wire.inbound import Inbound, header_reader, request_body
+from crossbar.wire.relay import Relay
+from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
+
+log = Logger(namespace="crossbar.proxy")
+_REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
+
+
+class TurnGate(Protocol):
+    """What an inference turn tells of itself and waits for (the warm hand-off, handoff.py,
+    implements it): a move of its conversation under way, while it runs, once answered."""
+
+    async def wait_for_move(self, key: Key) -> None: ...
+
+    def in_flight(self, key: Key) -> AbstractContextManager[None]: ...
+
+    def answered(self, key: Key, ex: Exchange, inbound: Inbound) -> None: ...
+
+
+class _Open:
+    """A gate with nothing behind it: no hand-offs."""
+
+    async def wait_for_move(self, key: Key) -> None:
+        return None
+
+    def in_flight(self, key: Key) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def answered(self, key: Key, ex: Exchange, inbound: Inbound) -> None:
+        return None
+
+
+OPEN = _Open()
+
+
+def _noop() -> None:
+    pass
+
+
+class ProxyResource(Resource):
+    """Every client path; one coroutine per request, cancelled when the client goes away."""
+
+    isLeaf = True
+
+    def __init__(
+        self,
+        config: Config,
+        clock: IReactorTime,
+        hosts: Hosts,
+        limiter: Limiter,
+        upstream: Upstream,
+        guard: ContextGuard,
+        ids: IdMemory,
+        usage: UsageRecorder,
+        placement: Placement,
+        gate: TurnGate | None = None,
+    ) -> None:
+        super().__init__()
+        self._config = config
+        self._clock = clock
+        self._hosts = hosts
+        self._limiter = limiter
+        self._upstream = upstream
+        self._guard = guard
+        self._ids = ids
+        self._usage = usage
+        self._placement = placement
+        self._gate = gate or OPEN
+        self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
+        self._settled: list[Deferred[None]] = []  # waiters for "no request running"
+
+    def reconfigure(self, config: Config) -> None:
+        """Serve the reloaded config from the next request on."""
+        self._config = config
+
+    @property
+    def running(self) -> int:
+        """Requests being handled now."""
+        return len(self._active)
+
+    # -- lifecycle of one request, and of all of them
+
+    def render(self, request: Any) -> Any:
+        ex = Exchange(started=self._clock.seconds())
+        # Asked for before serving: a request answered at once never fires a later notice.
+        finished = request.notifyFinish()
+        d = Deferred.fromCoroutine(self._serve(request, ex))
+        finished.addErrback(lambda _: d.cancel())
+        d.addErrback(self._crashed, request)
+        if not d.called:
+            self._active[request] = (d, ex)
+            d.addBoth(self._forget, request)
+        return NOT_DONE_YET
+
+    def _forget(self, result: object, request: Any) -> object:
+        self._active.pop(request, None)
+        if not self._active:
+            waiters, self._settled = self._settled, []
+            for waiter in waiters:
+                waiter.callback(None)
+        return result
+
+    def _all_settled(self, within: float) -> Deferred[None]:
+        """Fires when no request runs, or after `within` seconds, whichever is first."""
+        d: Deferred[None] = Deferred()
+        if not self._active:
+            d.callback(None)
+            return d
+        self._settled.append(d)
+
+        def give_up() -> None:
+            self._settled.remove(d)
+            d.callback(None)
+
+        timer = self._clock.callLater(within, give_up)
+
+        def done(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        return d.addBoth(done)
+
+    async def drain(self, grace: float) -> int:
+        """Let running requests finish for up to `grace` seconds, then abort the rest: their
+        connections are closed and their usage rows say "shutdown". Returns how many were
+        aborted, once their rows are written."""
+        await self._all_settled(grace)
+        left = list(self._active.items())
+        for request, (d, ex) in left:
+            ex.error = "shutdown"
+            if request.channel is not None:
+                request.channel.transport.abortConnection()
+            d.cancel()
+        await self._all_settled(grace + 5)
+        return len(left)
+
+    def _crashed(self, failure: Failure, request: Any) -> None:
+        # Last resort: _serve handles its own errors, so only a bug in that handling gets here.
+        if failure.check(CancelledError):
+            return
+        log.failure("request failed inside crossbar", failure)
+        write_error(request, INTERNAL)
+
+    async def _serve(self, request: Any, ex: Exchange) -> None:
+        dialect = OPENAI_CHAT
+        try:
+            raw_path = request.path.decode("utf-8", "replace")
+            header = header_reader(request.requestHeaders)
+            name, path = split_route(self._config, raw_path, header("X-Crossbar-Route"))
+            method = request.method.decode("ascii", "replace")
+            dialect, kind = classify(method, path)
+            ex.path = path
+            route = resolve_route(self._config, name)
+            cors.mark(request, route, header)
+            if method == "OPTIONS" and route.cors_origins:
+                cors.preflight(request, route, header)  # crossbar's own: no lease, no row
+                return
+            ex.route = route.name
+            await self._handle(request, ex, Target(route, dialect, kind, method, path))
+        except ClientError as e:
+            ex.status, ex.error = e.status, ex.error or e.message
+            write_error(request, e, dialect)
+        except CancelledError:
+            ex.status = ex.status or (503 if ex.error == "shutdown" else 499)
+            ex.error = ex.error or "client disconnected"
+        except Exception:
+            log.failure("request failed inside crossbar")
+            ex.status, ex.error = 500, "internal error"
+            write_error(request, INTERNAL, dialect)
+        finally:
+            if ex.route:
+                self._usage.finish(ex)
+            elif ex.status:  # refused before its route was known; a preflight has no status
+                ex.route = UNKNOWN_ROUTE
+                self._usage.refused(ex)
+
+    async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
+        header = header_reader(request.requestHeaders)
+        route, kind = target.route, target.kind
+        check_key(route, header("Authorization"), header("X-Api-Key"))
+        if kind is None:
+            raise not_found(f"crossbar does not serve {target.method} {target.path}")
+        if kind is Kind.MODELS:
+            served = self._config.models_of(route, self._hosts.models)
+            models = models_list(served, route.aliases)
+            ex.status = answer_json(request, models)
+            return
+        if kind is Kind.HEALTH:
+            ex.status = answer_json(request, route_health(route, self._hosts))
+            return
+        call = self._understand(request, ex, target, kind)
+        if kind is not Kind.INFERENCE:
+            await self._forward(request, call, ex)
+            return
+        gate = self._gate  # a move of the conversation may be under way
+        await gate.wait_for_move(call.key)
+        with gate.in_flight(call.key):
+            await self._forward(request, call, ex)
+        gate.answered(call.key, ex, call.inbound)
+
+    def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
+        """Body, model, fingerprint and lease key of a request for a host."""
+        try:
+            return self._read_call(request, ex, target, kind)
+        except RecursionError:
+            raise bad_request("the request body is nested too deeply to be read") from None
+
+    def _read_call(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
+        config = self._config
+        route, dialect, method, path = target.route, target.dialect, target.method, target.path
+        raw = request.content.read()
+        body = request_body(kind, dialect, method, path, raw)
+        query = urlsplit(request.uri.decode("utf-8", "replace")).query
+        peer = getattr(request.getClientAddress(), "host", "")
+        headers, secure = request.requestHeaders, request.isSecure()
+        inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
+        served = self._hosts.models
+        ex.model = model = choose_model(route, config.models_of(route, served), body, query)
+        candidates = tuple(config.hosts_for(route, model, served))
+        ex.fp = fingerprint(header_reader(headers), body, dialect, config.server.fingerprint_chars)
+        if kind is Kind.INFERENCE:
+            ex.prompt_chars = dialect.prompt_chars(body)
+        origin = None
+        named = dialect.named_id(path, body) if isinstance(body, dict) else None
+        if isinstance(named, str) and named:
+            remembered = self._ids.lookup(named, self._clock.seconds())
+            if remembered is not None:
+                if remembered.fp:
+                    ex.fp = remembered.fp  # a Responses chain is its first response's conversation
+                # A control call acts on one running completion: it goes where that runs,
+                # pinned route or not. A Responses chain only takes its conversation's lease.
+                if kind is Kind.CONTROL and remembered.host in candidates:
+                    origin = remembered.host
+        key = Key(route.name, "" if route.per_route() else ex.fp, model)
+        need = round(ex.prompt_chars * self._guard.ratio(model))
+        return Call(route, dialect, kind, inbound, model, key, candidates, origin, need)
+
+    # -- the way to a host and back
+
+    async def _forward(self, request: Any, call: Call, ex: Exchange) -> None:
+        failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
+        removed = 0
+        while True:
+            acquired = await self._place(call, failed)
+            ex.host = host = acquired.host
+            ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
+            if call.kind is Kind.INFERENCE:
+                try:
+                    await self._check_context(call, host, ex)
+                except ClientError:
+                    await self._placement.refused(call, acquired)  # places nothing
+                    raise
+            release = await self._slot(call, host, ex)
+            host_config = self._config.hosts.get(host)
+            if host_config is None:  # a reload removed it while we waited
+                release()
+                removed += 1
+                if removed < _REMOVED_RETRIES:
+                    continue
+                raise unavailable(f"host {host} was removed from the config; try again", 1)
+            try:
+                model = self._hosts.model(host, call.model)
+                response = await self._upstream.send(prepare(host_config, model, call.inbound))
+            except UpstreamFailure as failure:
+                release()
+                ex.error = f"upstream {failure.reason}"
+                if failure.connecting:
+                    ejected = self._hosts.passive_failure(host, failure.reason, call.candidates)
+                    if ejected and call.kind is Kind.INFERENCE and failed is None:
+                        # A second host, the only one: the lease moves (unhealthy) on this
+                        # acquire. A request is tried on at most two hosts in all.
+                        failed = (host, failure)
+                        continue
+                raise for_exception(failure, self._where(call, host)) from None
+            except BaseException:
+                release()
+                raise
+            try:
+                await self._relay(request, call, ex, response)
+            finally:
+                release()
+            await self._placement.answered(call, acquired, ex.status, ex.tokens)
+            return
+
+    def _where(self, call: Call, host: str = "") -> Where:
+        return Where(
+            call.route.name,
+            call.model,
+            host,
+            retry_after=self._config.server.health_interval,
+            queued=self._limiter.queued(host, call.model) if host else 0,
+        )
+
+    async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
+        """The host for this call (placement.py), lease errors in the caller's terms."""
+        try:
+            return await self._placement.place(call)
+        except NoHost as e:
+            if failed is not None:  # the host that just failed was the last one left
+                raise for_exception(failed[1], self._where(call, failed[0])) from None
+            raise for_exception(e, self._where(call)) from None
+        except LeaseError as e:
+            raise for_exception(e, self._where(call)) from None
+
+    async def _check_context(self, call: Call, host: str, ex: Exchange) -> None:
+        """SPEC §7: refuse what cannot fit in the host's slot before anything goes upstream."""
+        host_config = self._config.hosts.get(host)
+        if host_config is None:
+            return
+        body = renamed_body(call.inbound.body, self._hosts.model(host, call.model))
+
+        async def count() -> int | None:
+            return await self._upstream.count_tokens(host_config, call.dialect, body)
+
+        limit = self._hosts.ctx(host, call.model)
+        await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
+
+    async def _slot(self, call: Call, host: str, ex: Exchange) -> Release:
+        if call.kind is not Kind.INFERENCE:
+            return _noop  # control calls take neither a slot nor a queue place
+        if not call.route.queues():
+            return self._limiter.track(host, call.model, call.route.limits)
+        waited = self._clock.seconds()
+        try:
+            return await self._limiter.acquire(host, call.model, call.route.limits)
+        except LimiterError as e:
+            raise for_exception(e, self._where(call, host)) from None
+        finally:
+            ex.queue_ms += (self._clock.seconds() - waited) * 1000
+
+    async def _relay(self, request: Any, call: Call, ex: Exchange, response: Any) -> None:
+        host, fp = ex.host, ex.fp
+
+        def remember(id_: str) -> None:
+            self._usage.remember_id(id_, host, fp)
+
+        timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
+        relay = Relay(request, self._clock, timeouts, call.dialect, host, remember)
+        extra = [
+            (b"X-Crossbar-Host", host.encode()),
+            (b"X-Crossbar-Lease", ex.lease.encode()),
+            (b"X-Crossbar-Queue-Ms", str(round(ex.queue_ms)).encode()),
+        ]
+        try:
+            await relay.run(response, extra)
+        finally:
+            ex.status, ex.stream = relay.status, relay.stream
+            ex.first_byte, ex.tokens = relay.first_byte, relay.tokens
+            ex.error = relay.error or ex.error

@@ -1,0 +1,167 @@
+"""One finished exchange becomes its usage row, its id memory and the guard's learning, each
+done once."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from twisted.internet.defer import ensureDeferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from crossbar.leases.journal import Journal
+from crossbar.proxy.guard import ContextGuard
+from crossbar.proxy.ids import IdMemory
+from crossbar.records import UsageRow
+from crossbar.wire.exchange import Exchange
+
+log = Logger(namespace="crossbar.usage")
+Observer = Callable[[UsageRow], None]
+UNKNOWN_ROUTE = "(unknown)"  # the route of a request refused before its route was known
+MAX_UNSAVED_ROWS = 100_000  # kept through a store outage; past it the oldest go (counted)
+
+
+class UsageStore(Protocol):
+    """What the recorder needs of the store."""
+
+    async def record_usage_rows(self, rows: list[UsageRow]) -> None: ...
+
+
+class UsageRecorder:
+    """Turns finished exchanges into usage rows for the observers (the request log line,
+    metrics) and the store, remembers completion ids with their host, and teaches the guard.
+
+    Rows are written in group commits: one write is in flight at a time, and the rows that
+    finish meanwhile go together in the next. An idle crossbar writes each row at once; a busy
+    one pays one commit (one fsync on PostgreSQL) per batch instead of per request.
+
+    While the store is degraded (the journal says so) rows wait in memory, at most
+    MAX_UNSAVED_ROWS, and are written when it recovers; rows the store refuses wait too."""
+
+    def __init__(
+        self,
+        store: UsageStore,
+        ids: IdMemory,
+        guard: ContextGuard,
+        clock: IReactorTime,
+        journal: Journal | None = None,
+        observers: list[Observer] | None = None,
+    ) -> None:
+        self._store = store
+        self._ids = ids
+        self._guard = guard
+        self._clock = clock
+        self._journal = journal
+        self.observers: list[Observer] = list(observers or [])
+        self.unsaved: deque[UsageRow] = deque(maxlen=MAX_UNSAVED_ROWS)
+        self.dropped = 0  # rows that did not fit while the store was down
+        self._pending: list[UsageRow] = []  # waiting for the write in flight to finish
+        self._writing = False
+        if journal is not None:
+            journal.listeners.append(self._store_state)
+
+    def remember_id(self, id_: str, host: str, fp: str) -> None:
+        """A completion or response id showed in an answer: side calls that name it go to
+        `host` (called once per answer, as soon as the id shows)."""
+        self._ids.remember([id_], host, fp, self._clock.seconds())
+
+    def finish(self, ex: Exchange) -> UsageRow:
+        """Record `ex`: hand its row to the observers and the store (never blocking), and
+        learn the model's tokens per character from its prompt."""
+        row = self._row(ex)
+        self._tell(row)
+        self._write(row)
+        if ex.tokens.prompt and ex.prompt_chars:
+            self._guard.learn(ex.model, ex.prompt_chars, ex.tokens.prompt)
+        return row
+
+    def refused(self, ex: Exchange) -> UsageRow:
+        """A request refused before a route was known (unknown route, no route, a body or a
+        request line too large): logged and counted under the route "(unknown)" unless `ex`
+        names one, never stored, so a scanner cannot fill the usage table."""
+        row = self._row(ex)
+        self._tell(row)
+        return row
+
+    def refused_early(self, route: str, path: str, status: int, why: str) -> None:
+        """A request the site refused before the proxy saw it (a body over `max_body`, a
+        request line or head too long, a slow or unparsable request)."""
+        now = self._clock.seconds()
+        ex = Exchange(now, route or UNKNOWN_ROUTE, path, status=status, error=why)
+        self.refused(ex)
+
+    def _tell(self, row: UsageRow) -> None:
+        for observer in self.observers:
+            try:
+                observer(row)
+            except Exception:
+                log.failure("usage observer failed")
+
+    def _row(self, ex: Exchange) -> UsageRow:
+        now = self._clock.seconds()
+        tokens = ex.tokens
+        return UsageRow(
+            at=now,
+            route=ex.route,
+            fp=ex.fp,
+            model=ex.model,
+            host=ex.host,
+            path=ex.path,
+            status=ex.status,
+            stream=ex.stream,
+            prompt_tokens=tokens.prompt,
+            cached_tokens=tokens.cached,
+            completion_tokens=tokens.completion,
+            queue_ms=round(ex.queue_ms, 3),
+            ttfb_ms=None
+            if ex.first_byte is None
+            else round((ex.first_byte - ex.started) * 1000, 3),
+            duration_ms=round((now - ex.started) * 1000, 3),
+            lease=ex.lease,
+            error=ex.error,
+        )
+
+    def _write(self, row: UsageRow) -> None:
+        if self._journal is not None and self._journal.degraded:
+            self._hold(row)
+            return
+        self._pending.append(row)
+        if not self._writing:
+            self._flush()
+
+    def _flush(self) -> None:
+        rows, self._pending = self._pending, []
+        self._writing = True
+        d = ensureDeferred(self._store.record_usage_rows(rows))
+        d.addCallbacks(self._written, self._refused, errbackArgs=(rows,))
+
+    def _written(self, _: object) -> None:
+        self._writing = False
+        if self._pending:
+            self._flush()
+
+    def _refused(self, failure: Failure, rows: list[UsageRow]) -> None:
+        self._writing = False
+        waiting, self._pending = rows + self._pending, []
+        if self._journal is None:
+            log.failure("could not record {n} usage rows", failure, n=len(rows))
+            return
+        self._journal.report(failure.value)  # the store fails: degraded, and tried again
+        for row in waiting:
+            self._hold(row)
+
+    def _hold(self, row: UsageRow) -> None:
+        if len(self.unsaved) == self.unsaved.maxlen:
+            self.dropped += 1
+        self.unsaved.append(row)
+
+    def _store_state(self, degraded: bool) -> None:
+        if degraded or not self.unsaved:
+            return
+        rows, self.unsaved = list(self.unsaved), deque(maxlen=MAX_UNSAVED_ROWS)
+        log.info("writing {n} usage rows kept during the store outage", n=len(rows))
+        for row in rows:
+            self._write(row)

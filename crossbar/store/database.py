@@ -1,0 +1,386 @@
+"""crossbar's store (SPEC §9): leases and pins, lease events, usage rows, drained hosts, and
+what several instances share: the change log and their heartbeats.
+
+SQLite (one file, WAL) or PostgreSQL (crossbar.backends), through `twisted.enterprise.adbapi`
+with one writing connection on one thread, so writes complete in the order they were
+submitted; lease changes and usage rows go in group commits (store_batch.py). The admin API's
+reports read on a second connection of their own (SQLite's WAL lets a reader work beside the
+writer), so a long report never delays a lease write, nor waits behind one. Functions run in
+those threads never touch the reactor. Opening and migrations: crossbar.store_setup; the lease
+table's writes: `write` here, the conditions explained on `crossbar.lease_types.Change`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
+
+from attrs import astuple, fields, frozen
+from twisted.enterprise.adbapi import ConnectionPool, Transaction
+from twisted.internet.interfaces import IReactorCore
+from twisted.internet.threads import deferToThreadPool
+
+from crossbar.config.redaction import redact
+from crossbar.leases.types import Change, Key, Lease, State, Written
+from crossbar.records import LeaseEvent, UsageRow
+from crossbar.store.backends import SQLITE, Backend, backend_for
+from crossbar.store.group import GroupCommit, write_group
+from crossbar.store.reports import Pick, top_moves_rows, usage_series_rows, usage_totals_rows
+from crossbar.store.rollups import RolledUp, roll_up
+from crossbar.store.settled import SettledRows
+from crossbar.store.setup import StoreError, check, diagnose, init_connection, migrate, shut
+from crossbar.store.writes import ChangeRow, read_changes, write_draining
+
+__all__ = ["USAGE_GROUPS", "ChangeRow", "Store", "StoreError", "check"]
+
+T = TypeVar("T")
+
+USAGE_GROUPS = ("route", "host", "model")
+_LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"
+_EVENT_COLUMNS = ", ".join(a.name for a in fields(LeaseEvent))
+_USAGE_COLUMNS = ", ".join(a.name for a in fields(UsageRow))
+_STATES = {s.value: s for s in State}  # a dict lookup; State(value) is slower
+_USAGE_INSERT = (
+    f"INSERT INTO usage ({_USAGE_COLUMNS}) VALUES ({', '.join('?' * len(fields(UsageRow)))})"
+)
+
+
+@frozen
+class InstanceRow:
+    """One crossbar instance as the store knows it; `heartbeat` on the database's clock."""
+
+    id: str
+    address: str
+    version: str
+    digest: str
+    started: float
+    heartbeat: float
+    in_flight: int
+
+
+class Store:
+    """The database. Open it with `await Store.open(db, reactor)`; every method is async."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        db: str,
+        reactor: IReactorCore,
+        backend: Backend,
+        instance: str,
+        reader: ConnectionPool | None = None,
+    ) -> None:
+        """`reader`: the reports' connection (None: they share the writer's, as ":memory:"
+        must, being one database per connection)."""
+        self._pool = pool
+        self._reader = reader
+        self.group = GroupCommit(self._write_group)
+        self._reactor = reactor
+        self._backend = backend
+        self.db = db
+        self.path = redact(db)  # what may be shown: no password
+        self.instance = instance  # who writes: the change log says so
+        self.settled = SettledRows()  # report rows over settled usage, between refreshes
+        self._closed = False
+
+    @classmethod
+    async def open(cls, db: str, reactor: IReactorCore, instance: str = "") -> Store:
+        """Open (creating if needed) and migrate the store at `db`: an SQLite path
+        (":memory:" allowed) or a PostgreSQL URL. `instance` names this crossbar in the
+        change log. Raises StoreError saying why it cannot be opened, read or written."""
+        backend = backend_for(db)
+        openfun = (
+            (lambda conn: init_connection(conn, db == ":memory:")) if backend is SQLITE else None
+        )
+        pool = backend.pool(db, reactor, openfun)
+        try:
+            await pool.runWithConnection(migrate, backend)
+        except Exception as e:
+            reason = await deferToThreadPool(reactor, pool.threadpool, diagnose, db, e)
+            await shut(pool, reactor)
+            raise StoreError(f"cannot open the store {redact(db)}: {reason}") from e
+        reader = None if db == ":memory:" else backend.pool(db, reactor, openfun)
+        return cls(pool, db, reactor, backend, instance, reader)
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    async def close(self) -> None:
+        """Close the connection (in its own thread) and stop the pool."""
+        if not self._closed:
+            self._closed = True
+            if self._reader is not None:
+                await shut(self._reader, self._reactor)
+            await shut(self._pool, self._reactor)
+
+    async def _run(self, what: str, fn: Callable[..., T], *args: Any, durable: bool = False) -> T:
+        if self._closed:
+            raise StoreError(f"store {self.path}: {what} after close")
+        try:
+            if durable and self._backend is SQLITE:
+                return await self._pool.runWithConnection(_durably, fn, *args)
+            return await self._pool.runInteraction(fn, *args)
+        except self._backend.errors as e:
+            raise StoreError(f"store {self.path}: {what} failed: {e}") from e
+
+    async def _query(self, what: str, sql: str, args: tuple = ()) -> list[tuple]:
+        return await self._run(what, _query, self._backend.sql(sql), args)
+
+    async def _read(self, what: str, fn: Callable[..., T], *args: Any) -> T:
+        """A report for the admin API, on the reader's connection: never behind a write."""
+        if self._reader is None:
+            return await self._run(what, fn, *args)
+        if self._closed:
+            raise StoreError(f"store {self.path}: {what} after close")
+        try:
+            return await self._reader.runInteraction(fn, *args)
+        except self._backend.errors as e:
+            raise StoreError(f"store {self.path}: {what} failed: {e}") from e
+
+    def _write_group(self, items: list, durable: bool, what: str) -> Any:
+        args = (self._backend, self.instance, self._backend.sql(_USAGE_INSERT), items)
+        return self._run(what, write_group, *args, durable=durable)
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def write(self, change: Change, durable: bool = False) -> Written:
+        """Write a change of the lease table in one transaction (with its change-log rows):
+        all of it or, when its `expect` fails, none. `durable`: synced to disk before it
+        returns, for what an operator is told is done."""
+        if not (change.save or change.delete or change.events):
+            return Written()
+        if self._closed:
+            raise StoreError(f"store {self.path}: saving leases after close")
+        return await self.group.lease(change, durable)
+
+    async def apply(
+        self,
+        save: Iterable[Lease] = (),
+        delete: Iterable[Key] = (),
+        events: Iterable[LeaseEvent] = (),
+        durable: bool = False,
+    ) -> None:
+        """Save (upsert) and delete leases and record events, unconditionally."""
+        await self.write(Change(list(save), list(delete), list(events)), durable)
+
+    async def ping(self) -> None:
+        """A write that changes nothing: raises StoreError while the store cannot be written."""
+        await self._run("checking the store", _touch_version, self._backend)
+
+    async def list_leases(self) -> list[Lease]:
+        """Every lease and pin row."""
+        rows = await self._query("listing leases", f"SELECT {_LEASE_COLUMNS} FROM leases")
+        return [
+            Lease(Key(route, fp, model), host, _STATES[state], created, last_used)
+            for route, fp, model, host, state, created, last_used in rows
+        ]
+
+    async def last_change(self) -> int:
+        """The number of the newest change-log row (read before the leases at start: what
+        comes after it, the follower applies)."""
+        ((n,),) = await self._query("reading the change log", "SELECT n FROM change_counter")
+        return n
+
+    async def changes_since(self, after: int, limit: int = 1000) -> list[ChangeRow]:
+        """Change-log rows numbered after `after`, oldest first."""
+        return await self._run("reading the change log", read_changes, self._backend, after, limit)
+
+    async def list_events(
+        self, route: str | None = None, since: float | None = None, limit: int = 100
+    ) -> list[LeaseEvent]:
+        """Lease events, newest first, optionally of one route and from `since` on."""
+        where, args = _where(route=route, since=since)
+        sql = f"SELECT {_EVENT_COLUMNS} FROM lease_events{where} ORDER BY at DESC, id DESC LIMIT ?"
+        sql = self._backend.sql(sql)
+        rows = await self._read("listing events", _query, sql, (*args, max(limit, 0)))
+        return [LeaseEvent(*row) for row in rows]
+
+    # -- usage -------------------------------------------------------------------------------
+
+    async def record_usage(self, row: UsageRow) -> None:
+        """Write one usage row."""
+        await self.record_usage_rows([row])
+
+    async def record_usage_rows(self, rows: list[UsageRow]) -> None:
+        """Write usage rows in one transaction (one commit for the lot)."""
+        if not rows:
+            return
+        if self._closed:
+            raise StoreError(f"store {self.path}: recording usage after close")
+        await self.group.usage([_usage_values(row) for row in rows])
+
+    async def usage_totals(
+        self,
+        by: str,
+        since: float | None = None,
+        percentiles: bool = True,
+        pick: Pick | None = None,
+    ) -> list[dict[str, Any]]:
+        """Totals per route, host or model (`by`), sorted by it: requests, errors (status >= 400
+        or an error), tokens, and the nearest-rank p50/p95 time to first byte over the raw rows
+        (None when no request of the group measured one, or `percentiles` is false). `pick`
+        (run in the store's thread) keeps some rows, a top ten, before percentiles are read."""
+        if by not in USAGE_GROUPS:
+            raise ValueError(f"usage_totals: by must be one of {USAGE_GROUPS}, not {by!r}")
+        args = (self._backend, by, since, percentiles, pick, self.settled)
+        return await self._read("summing usage", usage_totals_rows, *args)
+
+    async def usage_series(
+        self, since: float, bucket: float, top: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Per `bucket` seconds (aligned to multiples of it) and route, from `since` on:
+        requests and tokens, oldest bucket first. For the dashboard's chart; with `top`, the
+        `top` routes with the most tokens and the rest summed as route "(other)"."""
+        if bucket <= 0:
+            raise ValueError(f"usage_series: bucket must be positive, not {bucket!r}")
+        args = (self._backend, since, bucket, top, self.settled)
+        return await self._read("charting usage", usage_series_rows, *args)
+
+    async def top_moves(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """The conversations moved between hosts most often since `since`, most first."""
+        return await self._read("counting moves", top_moves_rows, self._backend, since, limit)
+
+    async def roll_up(self, now: float, raw_before: float) -> RolledUp:
+        """Sum whole minutes of usage rows into per-minute and per-hour rows (an hour's worth
+        at most), then delete the raw rows before `raw_before` that are summed."""
+        # The settled rows kept for reports stay right: a roll-up adds sums after the old
+        # rolled_until and deletes only raw rows already summed, and the reports' queries
+        # name their bounds, which move with it.
+        return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
+
+    # -- hosts, instances and housekeeping ---------------------------------------------------
+
+    async def set_draining(self, name: str, draining: bool) -> None:
+        """Persist a host's draining flag, durably (the operator is told it is set)."""
+        args = (self._backend, self.instance, name, draining)
+        await self._run("saving host state", write_draining, *args, durable=True)
+
+    async def list_draining(self) -> set[str]:
+        rows = await self._query(
+            "reading host state", "SELECT name FROM host_state WHERE draining = 1"
+        )
+        return {name for (name,) in rows}
+
+    async def heartbeat(self, row: InstanceRow) -> tuple[float, list[InstanceRow]]:
+        """Say this instance is alive (its row, heartbeat set to the database's clock); the
+        database's time and every instance's row."""
+        return await self._run("heartbeat", _heartbeat, self._backend, row)
+
+    async def forget_instance(self, instance: str) -> None:
+        """This instance stops: others need not wait for its heartbeats to run out."""
+        sql = self._backend.sql("DELETE FROM instances WHERE id = ?")
+        await self._run("leaving", _write, self._backend, sql, (instance,))
+
+    async def prune(
+        self, events_before: float, usage_before: float, changes_before: float = 0.0
+    ) -> tuple[int, int]:
+        """Delete events, usage rows and change-log rows older than the given times (and
+        instances silent for a day); returns (events, usage rows) deleted."""
+        args = (self._backend, events_before, usage_before, changes_before)
+        events, usage, sums = await self._run("pruning", _prune, *args)
+        if usage or sums:
+            self.settled.clear()  # settled usage was deleted: rows kept may count it
+        return events, usage
+
+
+# -- in the pool's thread ------------------------------------------------------------------
+
+
+def _durably(conn: Any, fn: Callable[..., T], *args: Any) -> T:
+    """Run `fn` as one SQLite transaction committed with synchronous = FULL (an fsync of the
+    WAL), then go back to NORMAL. (PostgreSQL's commits are durable as they are.)"""
+    conn.execute("PRAGMA synchronous = FULL")
+    try:
+        cursor = conn.cursor()
+        try:
+            result = fn(cursor, *args)
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
+        finally:
+            cursor.close()
+        return result
+    finally:
+        conn.execute("PRAGMA synchronous = NORMAL")
+
+
+def _begin(txn: Transaction, backend: Backend) -> None:
+    if backend.begin_write:
+        txn.execute(backend.begin_write)
+
+
+def _touch_version(txn: Transaction, backend: Backend) -> None:
+    _begin(txn, backend)
+    txn.execute("UPDATE schema_version SET version = version")
+
+
+def _heartbeat(
+    txn: Transaction, backend: Backend, row: InstanceRow
+) -> tuple[float, list[InstanceRow]]:
+    _begin(txn, backend)
+    txn.execute(f"SELECT {backend.epoch_now}")
+    (now,) = txn.fetchone()
+    txn.execute(
+        backend.sql(
+            "INSERT INTO instances (id, address, version, digest, started, heartbeat, in_flight) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "address = excluded.address, version = excluded.version, digest = excluded.digest, "
+            "heartbeat = excluded.heartbeat, in_flight = excluded.in_flight"
+        ),
+        (row.id, row.address, row.version, row.digest, row.started, now, row.in_flight),
+    )
+    txn.execute(
+        "SELECT id, address, version, digest, started, heartbeat, in_flight FROM instances "
+        "ORDER BY id"
+    )
+    return now, [InstanceRow(*r) for r in txn.fetchall()]
+
+
+def _prune(
+    txn: Transaction,
+    backend: Backend,
+    events_before: float,
+    usage_before: float,
+    changes_before: float,
+) -> tuple[int, int, int]:
+    _begin(txn, backend)
+    txn.execute(backend.sql("DELETE FROM lease_events WHERE at < ?"), (events_before,))
+    events = txn.rowcount
+    txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
+    usage = txn.rowcount
+    txn.execute(backend.sql("DELETE FROM usage_minutes WHERE minute < ?"), (usage_before,))
+    sums = txn.rowcount
+    txn.execute(backend.sql("DELETE FROM usage_hours WHERE hour < ?"), (usage_before,))
+    sums += txn.rowcount
+    txn.execute(backend.sql("DELETE FROM changes WHERE at < ?"), (changes_before,))
+    txn.execute(f"DELETE FROM instances WHERE heartbeat < {backend.epoch_now} - 86400")
+    return events, usage, sums
+
+
+def _query(txn: Transaction, sql: str, args: tuple = ()) -> list[tuple]:
+    txn.execute(sql, args)
+    return txn.fetchall()
+
+
+def _usage_values(row: UsageRow) -> tuple:
+    values = astuple(row)  # fields in column order, `stream` stored as 0/1
+    return (*values[:7], int(row.stream), *values[8:])
+
+
+def _write(txn: Transaction, backend: Backend, sql: str, args: tuple = ()) -> None:
+    """One statement as a transaction of its own."""
+    _begin(txn, backend)
+    txn.execute(sql, args)
+
+
+def _where(route: str | None = None, since: float | None = None) -> tuple[str, tuple]:
+    clauses, args = [], []
+    if route is not None:
+        clauses.append("route = ?")
+        args.append(route)
+    if since is not None:
+        clauses.append("at >= ?")
+        args.append(since)
+    return (" WHERE " + " AND ".join(clauses) if clauses else ""), tuple(args)

@@ -1,0 +1,28 @@
+"""One exchange between a client and a host as crossbar learns it, step by step: the record a
+usage row is made from (usage.py), written by the proxy and by prewarms."""
+
+from __future__ import annotations
+
+from attrs import define, field
+
+from crossbar.wire.meter import Tokens
+
+
+@define
+class Exchange:
+    """One request as the proxy learns it, step by step; only the proxy writes it."""
+
+    started: float
+    route: str = ""  # "" until the route is known; UNKNOWN_ROUTE on a refusal before it
+    path: str = ""
+    fp: str = ""
+    model: str = ""
+    host: str = ""
+    lease: str = ""  # the X-Crossbar-Lease value: new, reused or pinned
+    prompt_chars: int = 0  # for the guard's learned ratio
+    queue_ms: float = 0.0
+    status: int = 0
+    stream: bool = False
+    first_byte: float | None = None  # clock seconds of the first answer byte
+    tokens: Tokens = field(factory=Tokens)
+    error: str = ""

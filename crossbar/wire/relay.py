@@ -1,0 +1,230 @@
+"""All the client sees of a host's answer: status, headers, the body as it arrives with
+back-pressure, the idle timer, and the ending of a stream that was cut."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import ResponseDone
+from twisted.web.http import NO_BODY_CODES, PotentialDataLoss
+from twisted.web.iweb import IResponse
+from zope.interface import implementer
+
+from crossbar.wire.dialects import Dialect
+from crossbar.wire.errors import ClientError
+from crossbar.wire.meter import Meter, Tokens
+from crossbar.wire.twisted_private import connection_headers
+from crossbar.wire.upstream import hop_by_hop
+
+
+@implementer(IPushProducer)
+class _Body(Protocol):
+    """Streams a response body to the client as it arrives, with back-pressure.
+
+    It is the client request's streaming producer and passes pause/resume on to the upstream
+    transport, so a client that stops reading pauses the upstream read; the idle timer stops
+    meanwhile (the host is not silent, the client is slow). `done` fires when the body ended;
+    `reason` says how. Cancelling `done` aborts the upstream response.
+    """
+
+    def __init__(
+        self,
+        request: Any,
+        clock: IReactorTime,
+        idle_timeout: float,
+        write_timeout: float,
+        on_data: Callable[[bytes], None],
+    ) -> None:
+        self._request = request
+        self._clock = clock
+        self._idle_timeout = idle_timeout
+        self._write_timeout = write_timeout
+        self._on_data = on_data
+        self._timer: IDelayedCall | None = None
+        self._stalled: IDelayedCall | None = None  # the client is not reading
+        self._registered = False
+        self.timed_out = False
+        self.client_stalled = False
+        self.reason: Failure | None = None
+        self.done: Deferred[None] = Deferred(canceller=lambda _: self.stopProducing())
+
+    def connectionMade(self) -> None:
+        if self._request.channel is None:  # the client left before the body began
+            self.transport.stopProducing()
+            return
+        self._request.registerProducer(self, True)
+        self._registered = True
+        self._arm()
+
+    def pauseProducing(self) -> None:
+        # The client's connection accepts no more for now: the host is not silent, so its idle
+        # timer stops; the client has client_write_timeout to read on before it is dropped.
+        self._disarm()
+        if self._stalled is None:
+            self._stalled = self._clock.callLater(self._write_timeout, self._drop_client)
+        self.transport.pauseProducing()
+
+    def resumeProducing(self) -> None:
+        self._unstall()
+        self._arm()
+        self.transport.resumeProducing()
+
+    def stopProducing(self) -> None:
+        self._disarm()
+        self._unstall()
+        self.transport.stopProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._request.channel is None:
+            self.stopProducing()
+            return
+        self._arm()
+        self._on_data(data)
+        self._request.write(data)
+
+    def connectionLost(self, reason: Failure = ResponseDone) -> None:  # type: ignore[assignment]
+        self._disarm()
+        self._unstall()
+        if self._registered and self._request.channel is not None:
+            self._request.unregisterProducer()
+        self.reason = reason
+        if not self.done.called:
+            self.done.callback(None)
+
+    def complete(self) -> bool:
+        """True when the body ended as the host meant it to."""
+        reason = self.reason
+        return (
+            not self.timed_out
+            and reason is not None
+            and reason.check(ResponseDone, PotentialDataLoss) is not None
+        )
+
+    def _arm(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.reset(self._idle_timeout)
+        else:
+            self._timer = self._clock.callLater(self._idle_timeout, self._idle)
+
+    def _disarm(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def _idle(self) -> None:
+        self.timed_out = True
+        self.transport.stopProducing()
+
+    def _unstall(self) -> None:
+        if self._stalled is not None and self._stalled.active():
+            self._stalled.cancel()
+        self._stalled = None
+
+    def _drop_client(self) -> None:
+        """The client took no byte for client_write_timeout: it goes, and so does the host's
+        answer (its slot frees)."""
+        self._stalled = None
+        self.client_stalled = True
+        if self._request.channel is not None:
+            self._request.channel.transport.abortConnection()
+        self.transport.stopProducing()
+
+
+class Relay:
+    """Writes one host's answer to the client. After `run` returns or raises, `status`,
+    `stream`, `first_byte` (clock seconds), `tokens` and `error` say what happened."""
+
+    def __init__(
+        self,
+        request: Any,
+        clock: IReactorTime,
+        timeouts: tuple[float, float],
+        dialect: Dialect,
+        host: str,
+        on_id: Callable[[str], None],
+    ) -> None:
+        """`timeouts`: (upstream_idle_timeout, client_write_timeout)."""
+        self._request = request
+        self._clock = clock
+        self._idle_timeout, self._write_timeout = timeouts
+        self._dialect = dialect
+        self._host = host
+        self._on_id = on_id
+        self._meter: Meter | None = None
+        self.status = 0
+        self.stream = False
+        self.first_byte: float | None = None
+        self.error = ""
+
+    @property
+    def tokens(self) -> Tokens:
+        """Tokens of the answer as far as it went."""
+        return self._meter.tokens if self._meter is not None else Tokens()
+
+    async def run(self, response: IResponse, extra: Iterable[tuple[bytes, bytes]]) -> None:
+        """Relay status, headers (plus `extra`) and the body; make a cut stream detectable."""
+        request = self._request
+        self.status = response.code
+        request.setResponseCode(response.code, response.phrase)
+        drop = hop_by_hop(response.headers, connection_headers(response))
+        mine = request.responseHeaders  # crossbar's own (CORS) are set already
+        for name, values in response.headers.getAllRawHeaders():
+            low = name.lower()
+            if low in drop or low.startswith(b"access-control-"):
+                continue  # CORS is crossbar's alone (cors.py): the host's `*` never leaks
+            if low == b"vary" and mine.hasHeader(b"vary"):
+                values = [*mine.getRawHeaders(b"vary"), *values]
+            mine.setRawHeaders(name, values)
+        for name, value in extra:
+            request.responseHeaders.setRawHeaders(name, [value])
+        ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]
+        self.stream = ctype.lower().startswith(b"text/event-stream")
+        length = response.length
+        if isinstance(length, int) and length > 0 and not self.stream:
+            if request.method != b"HEAD" and response.code not in NO_BODY_CODES:
+                # The host's length, kept: the body goes out as it came, not re-chunked (a
+                # stream never has one: a cut stream ends with an error event of crossbar's).
+                mine.setRawHeaders(b"content-length", [b"%d" % length])
+        meter = self._meter = self._dialect.meter(self.stream, self._on_id)
+        body = _Body(request, self._clock, self._idle_timeout, self._write_timeout, self._data)
+        response.deliverBody(body)
+        try:
+            await body.done
+        finally:
+            if not body.complete():
+                meter.delivered()
+                self.error = _why_cut(body)
+        if body.complete():
+            meter.finish()
+            request.finish()
+            return
+        if request.channel is None:
+            return
+        if self.stream:
+            # One error event, then close without the terminating chunk: the client can tell
+            # the stream was cut. No [DONE] is ever invented.
+            cut = ClientError(502, "api_error", f"host {self._host}: {self.error}")
+            request.write(cut.stream_event(self._dialect.errors))
+        request.channel.transport.loseConnection()
+
+    def _data(self, data: bytes) -> None:
+        if self.first_byte is None:
+            self.first_byte = self._clock.seconds()
+        assert self._meter is not None
+        self._meter.feed(data)
+
+
+def _why_cut(body: _Body) -> str:
+    """Why a body ended before the host meant it to ("" when our own caller stopped it)."""
+    if body.client_stalled:
+        return "client stopped reading"
+    if body.timed_out:
+        return "upstream idle timeout"
+    if body.reason is None:
+        return ""
+    return "upstream closed mid-response"

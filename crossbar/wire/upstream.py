@@ -1,0 +1,329 @@
+"""All the host sees: the request crossbar sends it, the connection it goes over, and what a
+failure to get an answer means.
+
+Requests go over a persistent HTTP/1.1 pool. A failure on a pooled connection before any
+response byte is a keep-alive race (the host closed it as we reused it), retried once on a
+fresh connection. Cancelling a send (the client left) is never reported as a host failure,
+whatever exception Twisted raises for it: the send's own canceller sets a flag, and a failure
+that follows it is a cancellation.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl, urlencode
+
+import treq
+from attrs import frozen
+from twisted.internet import error as ierror
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.protocol import Protocol
+from twisted.python.failure import Failure
+from twisted.web.client import (
+    Agent,
+    RequestTransmissionFailed,
+    ResponseFailed,
+    ResponseNeverReceived,
+)
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
+from zope.interface import implementer
+
+from crossbar.config.values import Config, HostConfig, ModelConfig
+from crossbar.wire.dialects import Dialect
+from crossbar.wire.endpoints import CountingEndpoints, HostEndpoints, authorization
+from crossbar.wire.twisted_private import RequestNotSent, not_http, quiet_pool
+
+if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
+    from crossbar.wire.inbound import Inbound
+
+# RFC 9110 §7.6.1: never forwarded in either direction (plus whatever Connection names).
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"te",
+        b"trailer",
+        b"transfer-encoding",
+        b"upgrade",
+        b"proxy-connection",
+        b"proxy-authenticate",
+        b"proxy-authorization",
+    }
+)
+# Never forwarded upstream: recomputed (Host, Content-Length), the client's own credentials
+# (the host's api_key replaces them; x-api-key is how Anthropic's SDKs send theirs),
+# Accept-Encoding so the body stays readable for usage, and Proxy (httpoxy: a CGI-style host
+# would take it for its HTTP_PROXY).
+_DROP_REQUEST = frozenset(
+    {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"proxy"}
+)
+
+
+def hop_by_hop(headers: Headers, connection: Headers | None = None) -> set[bytes]:
+    """The header names not to forward: the fixed set, `Proxy-*`, and those Connection names
+    (read from `connection` where the client library files them apart)."""
+    names = set(HOP_BY_HOP)
+    for value in (connection or headers).getRawHeaders(b"connection", []):
+        names.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    for name, _ in headers.getAllRawHeaders():
+        if name.lower().startswith(b"proxy-"):
+            names.add(name.lower())
+    return names
+
+
+@frozen
+class Outgoing:
+    """One request as the host gets it."""
+
+    method: bytes
+    url: bytes
+    headers: Headers
+    body: bytes | None
+
+
+def renamed_body(body: Any, model: ModelConfig | None) -> Any:
+    """The body with `model` named the host's way (its `upstream` name), or `body` itself
+    when nothing changes."""
+    if not isinstance(body, dict) or model is None:
+        return body
+    name = model.upstream_name
+    if body.get("model", name) != name or (model.upstream and "model" not in body):
+        return {**body, "model": name}
+    return body
+
+
+def renamed_query(query: str, model: ModelConfig | None) -> str:
+    """`?model=` names the model the host's way too, like the body's "model"."""
+    if not query or model is None or "model=" not in query:
+        return query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    if all(v == model.upstream_name for k, v in pairs if k == "model"):
+        return query  # already the host's name (an alias or upstream name is renamed)
+    return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
+
+
+def forwarded_headers(inbound: Inbound, api_key: str) -> Headers:
+    """The client's headers minus hop-by-hop ones and its credentials, plus X-Forwarded-*
+    and the host's api key."""
+    incoming = inbound.headers
+    drop = hop_by_hop(incoming) | _DROP_REQUEST
+    out = Headers()
+    for name, values in incoming.getAllRawHeaders():
+        if name.lower() not in drop:
+            out.setRawHeaders(name, values)
+    prior = b", ".join(incoming.getRawHeaders(b"x-forwarded-for", []))
+    peer = inbound.peer.encode()
+    out.setRawHeaders(b"x-forwarded-for", [(prior + b", " if prior else b"") + peer])
+    out.setRawHeaders(b"x-forwarded-proto", [b"https" if inbound.secure else b"http"])
+    host = incoming.getRawHeaders(b"host")
+    if host:
+        out.setRawHeaders(b"x-forwarded-host", [host[0]])
+    if api_key:
+        out.setRawHeaders(b"authorization", [b"Bearer " + api_key.encode()])
+    return out
+
+
+def prepare(host: HostConfig, m: ModelConfig | None, inbound: Inbound) -> Outgoing:
+    """The request `host` gets for a client's `inbound` request for model `m` (as the host
+    serves it now). A router-mode host is told the model of a GET too (`?model=`): without
+    it, `/slots` and `/metrics` are refused and `/props` describes the router itself."""
+    body = renamed_body(inbound.body, m)
+    raw = inbound.raw if body is inbound.body else json.dumps(body).encode()
+    query = renamed_query(inbound.query, m)
+    if host.discover and m is not None and inbound.method == "GET" and "model=" not in query:
+        query = "&".join(q for q in (query, urlencode({"model": m.upstream_name})) if q)
+    url = (host.url + inbound.path + (f"?{query}" if query else "")).encode()
+    payload = raw if (raw or inbound.method == "POST") else None
+    return Outgoing(inbound.method.encode(), url, forwarded_headers(inbound, host.api_key), payload)
+
+
+@frozen
+class UpstreamFailure(Exception):
+    """No usable answer came from the host; nothing of it reached the client.
+
+    `connecting`: the request never reached the host (refused, connect timeout, no route):
+    the host looks down, and the request may go to another host. Anything later (a reset or
+    close while the host had the request, an answer that is not HTTP) is this request's
+    failure alone: a request that crashes hosts must not eject the fleet; the probes judge
+    the host. `reused`: it happened on a pooled connection, which is a keep-alive race to
+    retry once on a fresh connection to the same host. `detail` says what was not HTTP.
+    """
+
+    reason: str  # refused, connect timeout, connect failed, reset, not http, idle timeout
+    connecting: bool
+    reused: bool = False
+    detail: str = ""
+
+
+def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
+    """Map a request failure to an UpstreamFailure, or None when it is something else."""
+    if failure.check(ierror.ConnectionRefusedError):
+        return UpstreamFailure("refused", connecting=True)
+    if failure.check(ierror.TimeoutError):
+        return UpstreamFailure("connect timeout", connecting=True)
+    if failure.check(ierror.ConnectError, ierror.DNSLookupError):
+        return UpstreamFailure("connect failed", connecting=True)
+    garbage = not_http(failure)
+    if garbage is not None:
+        return UpstreamFailure("not http", connecting=False, detail=garbage)
+    if failure.check(
+        ResponseNeverReceived, RequestTransmissionFailed, RequestNotSent, ResponseFailed
+    ):
+        # No response (or only part of its head) arrived: to the client, nothing was sent yet.
+        return UpstreamFailure("reset", connecting=False, reused=reused)
+    return None
+
+
+@implementer(IBodyProducer)
+class _Bytes:
+    """A body already in memory (bounded by max_body), written in one go."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self._body)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _Discard(Protocol):
+    """Reads nothing: aborts a response nobody waits for any more."""
+
+    def connectionMade(self) -> None:
+        self.transport.stopProducing()
+
+
+class Upstream:
+    """Sends requests to hosts: a persistent pool, and fresh connections for the one retry."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        connect_timeout: float,
+        idle_timeout: float,
+        endpoints: IAgentEndpointFactory | None = None,
+        per_host: int = 64,
+    ) -> None:
+        """`endpoints` replaces TCP in tests (one made from `connect_timeout` otherwise)."""
+        self._reactor = reactor
+        self.idle_timeout = idle_timeout  # no byte from the host this long: give up
+        self._connect_timeout = connect_timeout
+        self._own_endpoints = endpoints is None
+        self._pool = quiet_pool(reactor, persistent=True)
+        self._pool.maxPersistentPerHost = per_host
+        self._pool.retryAutomatically = False  # crossbar decides about retries itself
+        self._fresh_pool = quiet_pool(reactor, persistent=False)
+        self._use(endpoints or HostEndpoints(reactor, connect_timeout))
+
+    def _use(self, endpoints: IAgentEndpointFactory) -> None:
+        self._endpoints = CountingEndpoints(endpoints)
+        self._agent = Agent.usingEndpointFactory(self._reactor, self._endpoints, pool=self._pool)
+        self._fresh = Agent.usingEndpointFactory(
+            self._reactor, self._endpoints, pool=self._fresh_pool
+        )
+
+    def reconfigure(self, config: Config) -> None:
+        """Take new timeouts; pooled connections stay."""
+        s = config.server
+        self.idle_timeout = s.upstream_idle_timeout
+        if self._own_endpoints and s.upstream_connect_timeout != self._connect_timeout:
+            self._connect_timeout = s.upstream_connect_timeout
+            self._use(HostEndpoints(self._reactor, s.upstream_connect_timeout))
+
+    async def send(self, out: Outgoing) -> IResponse:
+        """Send `out`; raise UpstreamFailure when no response byte came back, CancelledError
+        when the caller cancelled."""
+        try:
+            return await self._attempt(out, fresh=False)
+        except UpstreamFailure as failure:
+            if not failure.reused:
+                raise
+        # A pooled connection died under us: a keep-alive race, not the host. Once, fresh.
+        return await self._attempt(out, fresh=True)
+
+    async def _attempt(self, out: Outgoing, fresh: bool) -> IResponse:
+        agent = self._fresh if fresh else self._agent
+        opened = self._endpoints.connects
+        producer = _Bytes(out.body) if out.body is not None else None
+        d = agent.request(out.method, out.url, out.headers, producer)
+        reused = not fresh and self._endpoints.connects == opened
+        why: list[str] = []  # who stopped the request: "client" (our caller) or "idle"
+
+        def stop(reason: str) -> None:
+            if not why:
+                why.append(reason)
+                d.cancel()
+
+        timer = self._reactor.callLater(self.idle_timeout, stop, "idle")
+        result: Deferred[IResponse] = Deferred(lambda _: stop("client"))
+
+        def settle(outcome: Any) -> None:
+            if timer.active():
+                timer.cancel()
+            if result.called:  # cancelled meanwhile: nobody takes this answer
+                if not isinstance(outcome, Failure):
+                    outcome.deliverBody(_Discard())
+            elif why == ["client"]:
+                result.errback(CancelledError())
+            elif isinstance(outcome, Failure):
+                result.errback(outcome)
+            else:
+                result.callback(outcome)
+
+        d.addBoth(settle)
+        try:
+            return await result
+        except CancelledError:
+            raise
+        except Exception:
+            if why == ["idle"]:
+                # Never retried: a silent host is not a keep-alive race, and resending doubles
+                # its work.
+                raise UpstreamFailure("idle timeout", connecting=False) from None
+            mapped = classify(Failure(), reused)
+            if mapped is None:
+                raise
+            raise mapped from None
+
+    async def count_tokens(self, host: HostConfig, dialect: Dialect, body: Any) -> int | None:
+        """Ask `host` how many tokens the prompt of `body` is; None when it cannot say."""
+        if not isinstance(body, dict):
+            return None
+        found = dialect.count_request(body)
+        if found is None:
+            return None
+        path, payload = found
+        headers = Headers({"Content-Type": ["application/json"]})
+        for name, value in authorization(host).items():
+            headers.setRawHeaders(name, [value])
+        out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
+        try:
+            response = await self.send(out)
+            data = json.loads(await treq.content(response))
+        except CancelledError:
+            raise  # the client left: stop here, never go on to send the request
+        except Exception:
+            return None  # the host will refuse an oversized prompt itself
+        if response.code != 200 or not isinstance(data, dict):
+            return None
+        if isinstance(data.get("input_tokens"), int):
+            return data["input_tokens"]
+        tokens = data.get("tokens")
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def close(self) -> None:
+        """Close every pooled connection."""
+        await self._pool.closeCachedConnections()
+        await self._fresh_pool.closeCachedConnections()
