@@ -1,18 +1,23 @@
-"""The admin API's operator actions: release, pin, unpin, drain, reload (SPEC §10). Each is
-made durable before it is acknowledged, and refused (503) while the store cannot be written."""
+"""The operator's actions: release, pin, unpin, drain, evacuate, reload (docs/operator-guide.md,
+"Leases, pins, draining"). Each is made durable before it is acknowledged, and refused (503)
+while the store cannot be written. Plain methods: the routes that call them are api.py's."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from crossbar.admin.http import AdminBase, api, app, body_of
-from crossbar.config.values import ConfigError
-from crossbar.hosts.registry import NoSuchHost
-from crossbar.wire.errors import ClientError, bad_request, not_found
+from crossbar.config import Config, ConfigError
+from crossbar.handoff import Evacuator
+from crossbar.hosts import Hosts, NoSuchHost
+from crossbar.leases import Table
+from crossbar.wire import ClientError, bad_request, not_found
 
 log = Logger(namespace="crossbar.admin")
+Reload = Callable[[], Awaitable[list[str]]]
 
 
 class ReloadRefused(Exception):
@@ -23,26 +28,36 @@ class ReloadRefused(Exception):
         self.errors = errors
 
 
-class AdminActions(AdminBase):
-    """The handlers that change what crossbar does."""
+class Actions:
+    """What changes what crossbar does; each takes the config it acts under."""
 
-    @app.route("/api/routes/<route>/leases", methods=["DELETE"])
-    @api
-    async def release(self, request: Any, route: str) -> dict[str, Any]:
-        """DELETE /api/routes/<route>/leases: drop the route's leases."""
-        self._known_route(route)
-        released = await self._table.release(route, self.now())
+    def __init__(
+        self,
+        clock: IReactorTime,
+        table: Table,
+        hosts: Hosts,
+        reload: Reload,
+        evacuator: Evacuator | None,
+    ) -> None:
+        self._clock = clock
+        self._table = table
+        self._hosts = hosts
+        self._reload = reload
+        self._evacuator = evacuator
+
+    async def release(self, config: Config, route: str) -> dict[str, Any]:
+        """Drop the route's leases."""
+        self._known_route(config, route)
+        released = await self._table.release(route, self._clock.seconds())
         log.info("admin: released {n} leases of route {route}", n=released, route=route)
         return {"route": route, "released": released}
 
-    @app.route("/api/routes/<route>/pin", methods=["PUT"])
-    @api
-    async def pin(self, request: Any, route: str) -> dict[str, Any]:
-        """PUT /api/routes/<route>/pin {"host": h}: pin to one of the route's hosts."""
-        host = body_of(request).get("host")
+    async def pin(self, config: Config, route: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Pin the route to `body["host"]`, one of the route's configured hosts."""
+        host = body.get("host")
         if not isinstance(host, str) or not host:
             raise bad_request('give the host to pin to as {"host": "<name>"}')
-        resolved = self.config.route(route)
+        resolved = config.route(route)
         if resolved is None:
             raise not_found(f"no route or template serves {route!r}")
         if host not in resolved.hosts:
@@ -55,53 +70,31 @@ class AdminActions(AdminBase):
                 f"({', '.join(resolved.hosts)}); pin to one of those by name",
             )
         self._table.note_candidates(route, resolved.hosts)
-        await self._table.pin(route, host, self.now())
+        await self._table.pin(route, host, self._clock.seconds())
         log.info("admin: route {route} pinned to {host}", route=route, host=host)
         return {"route": route, "pinned": host, "healthy": self._hosts.healthy(host)}
 
-    @app.route("/api/routes/<route>/pin", methods=["DELETE"])
-    @api
-    async def unpin(self, request: Any, route: str) -> dict[str, Any]:
-        """DELETE /api/routes/<route>/pin: remove the pin; the leases stay."""
-        self._known_route(route)
+    async def unpin(self, config: Config, route: str) -> dict[str, Any]:
+        """Remove the route's pin; its leases stay."""
+        self._known_route(config, route)
         table = self._table
         previous = table.pinned(route)
-        await table.unpin(route, self.now())
+        await table.unpin(route, self._clock.seconds())
         if previous is not None:
             log.info("admin: route {route} unpinned from {host}", route=route, host=previous)
         return {"route": route, "unpinned": previous}
 
-    def _known_route(self, route: str) -> None:
-        """404 unless the config serves `route` or it still holds leases or a pin."""
-        table = self._table
-        if (
-            self.config.route(route) is None
-            and not table.snapshot(route)
-            and not table.pinned(route)
-        ):
-            raise not_found(f"no route or template serves {route!r}, and it holds no leases")
-
-    # -- hosts
-
-    @app.route("/api/hosts/<name>/drain", methods=["POST", "DELETE"])
-    @api
-    async def drain(self, request: Any, name: str) -> dict[str, Any]:
-        """POST (drain) or DELETE (undrain) /api/hosts/<name>/drain."""
+    async def drain(self, name: str, draining: bool) -> dict[str, Any]:
+        """Drain (no new leases) or undrain a host."""
         hosts = self._hosts
         try:
-            if request.method == b"POST":
-                await hosts.drain(name)
-            else:
-                await hosts.undrain(name)
+            await (hosts.drain(name) if draining else hosts.undrain(name))
         except NoSuchHost:
             raise not_found(f"no host named {name!r} in the config") from None
         return {"host": name, "draining": hosts.draining(name)}
 
-    @app.route("/api/hosts/<name>/evacuate", methods=["POST"])
-    @api
-    async def evacuate(self, request: Any, name: str) -> dict[str, Any]:
-        """POST /api/hosts/<name>/evacuate: drain the host and move its conversations away,
-        each prewarmed on its new host; the answer (and GET /api/hosts) shows the progress."""
+    async def evacuate(self, name: str) -> dict[str, Any]:
+        """Drain the host and move its conversations away, each prewarmed on its new host."""
         if self._evacuator is None:
             raise not_found("this crossbar cannot evacuate hosts")
         try:
@@ -111,12 +104,17 @@ class AdminActions(AdminBase):
         log.info("admin: evacuating {host}", host=name)
         return {"host": name, "draining": True, "evacuation": evacuation.view()}
 
-    @app.route("/api/reload", methods=["POST"])
-    @api
-    async def reload(self, request: Any) -> dict[str, Any]:
-        """POST /api/reload: read the config file again; a bad one is refused (400)."""
+    async def reload(self, config: Config) -> dict[str, Any]:
+        """Read the config file again; a bad one is refused (ReloadRefused) and changes
+        nothing. `config` is the one in force when the reload began (its path)."""
         try:
             notes = await self._reload()
         except ConfigError as e:
             raise ReloadRefused(e.errors) from None
-        return {"reloaded": True, "path": self.config.path, "notes": notes}
+        return {"reloaded": True, "path": config.path, "notes": notes}
+
+    def _known_route(self, config: Config, route: str) -> None:
+        """404 unless the config serves `route` or it still holds leases or a pin."""
+        table = self._table
+        if config.route(route) is None and not table.snapshot(route) and not table.pinned(route):
+            raise not_found(f"no route or template serves {route!r}, and it holds no leases")

@@ -1,25 +1,31 @@
-"""The admin API, /metrics and the dashboard (SPEC §10): a Klein app on `server.admin_listen`.
+"""The admin API, /metrics and the dashboard: one Klein class on `server.admin_listen`
+(docs/operator-guide.md, "Admin API").
 
 JSON in and out; every error is crossbar's OpenAI-style body. It is given the parts it reads
-and steers (admin_http.py) and the service's `reload`; a reload hands it the new config. The
-operator's actions are admin_actions.py's; who may call it: `crossbar.admin_auth`.
+and steers (`AdminParts`) and the service's `reload`; a reload hands it the new config. Each
+route reads or calls what it names: the answers' shapes are views.py's, facts.py's and
+pages.py's, the operator's actions actions.py's; who may call it: auth.py.
 """
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Awaitable, Callable
 from functools import partial
 from importlib import resources
 from typing import Any
 
-from attrs import asdict
+from attrs import asdict, frozen
+from klein import Klein
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from crossbar.admin import auth as admin_auth
-from crossbar.admin.actions import AdminActions, ReloadRefused
+from crossbar.admin.actions import Actions, Reload, ReloadRefused
 from crossbar.admin.facts import route_facts
-from crossbar.admin.http import MAX_BODY, api, app, arg, json_answer, limit_arg
-from crossbar.admin.metrics import CONTENT_TYPE_LATEST
+from crossbar.admin.http import MAX_BODY, arg, body_of, json_answer, limit_arg
+from crossbar.admin.metrics import CONTENT_TYPE_LATEST, Metrics
 from crossbar.admin.pages import ROUTE_SORTS, LeaseFilter, lease_page, route_page
 from crossbar.admin.views import (
     USAGE_SORTS,
@@ -30,9 +36,15 @@ from crossbar.admin.views import (
     top_usage,
     usage_series_args,
 )
-from crossbar.leases.journal import StoreUnavailable
-from crossbar.store.database import USAGE_GROUPS, StoreError
-from crossbar.wire.errors import ClientError, bad_request, not_found, phrase, unavailable
+from crossbar.cluster import Instances
+from crossbar.config import Config
+from crossbar.handoff import Evacuator
+from crossbar.hosts import Hosts
+from crossbar.leases import Journal, StoreUnavailable, Table, Warmth
+from crossbar.limiter import Limiter
+from crossbar.proxy import UsageRecorder
+from crossbar.store import USAGE_GROUPS, Store, StoreError
+from crossbar.wire import ClientError, bad_request, not_found, phrase, unavailable
 
 __all__ = ["MAX_BODY", "Admin"]
 
@@ -54,8 +66,65 @@ def dashboard_page() -> bytes:
     return (head + "<script>\n" + script + rest[rest.index("</script>") :]).encode()
 
 
-class Admin(AdminActions):
-    """The admin Klein app of one crossbar service: what it shows, and its errors."""
+@frozen
+class AdminParts:
+    """What the admin API reads and steers, given by the composition (app/wiring.py)."""
+
+    clock: IReactorTime
+    table: Table
+    journal: Journal
+    hosts: Hosts
+    limiter: Limiter
+    store: Store
+    metrics: Metrics
+    usage: UsageRecorder
+    instances: Instances
+    warmth: Warmth
+    evacuator: Evacuator | None = None
+
+
+Handler = Callable[..., Awaitable[Any]]
+
+
+def api(fn: Handler) -> Handler:
+    """Authorize, run the handler, answer its result as JSON (200)."""
+
+    @functools.wraps(fn)
+    async def handler(self: Admin, request: Any, **kwargs: Any) -> bytes:
+        self.authorize(request)
+        return json_answer(request, 200, await fn(self, request, **kwargs))
+
+    return handler
+
+
+class Admin:
+    """The admin Klein app of one crossbar service: what it shows, what it steers, its errors."""
+
+    app = Klein()
+
+    def __init__(self, config: Config, parts: AdminParts, reload: Reload) -> None:
+        self.config = config
+        self._parts = p = parts
+        self._clock, self._table, self._hosts = p.clock, p.table, p.hosts
+        self._limiter, self._store, self._evacuator = p.limiter, p.store, p.evacuator
+        self._actions = Actions(p.clock, p.table, p.hosts, reload, p.evacuator)
+        self._started = p.clock.seconds()
+
+    def reconfigure(self, config: Config) -> None:
+        """The reloaded config: its token, routes and hosts from the next request on."""
+        self.config = config
+
+    def now(self) -> float:
+        """The clock's time (seconds since the epoch)."""
+        return self._clock.seconds()
+
+    def authorize(self, request: Any) -> None:
+        """Raise a 401/403 ClientError unless the caller may use the API."""
+        admin_auth.check(request, self.config.server.admin_token)
+
+    def resource(self) -> Any:
+        """The Klein resource to serve."""
+        return self.app.resource()
 
     # -- leases and routes
 
@@ -92,12 +161,51 @@ class Admin(AdminActions):
     @api
     async def hosts(self, request: Any) -> dict[str, Any]:
         """GET /api/hosts: health, draining, and slots per model."""
-        rows = host_rows(self._hosts, self._limiter, self._table, self._warmth)
+        rows = host_rows(self._hosts, self._limiter, self._table, self._parts.warmth)
         if self._evacuator is not None:
             for row in rows:  # the latest evacuation of each host, while it runs and after
                 evacuation = self._evacuator.evacuations.get(row["name"])
                 row["evacuation"] = None if evacuation is None else evacuation.view()
         return {"hosts": rows}
+
+    # -- the operator's actions
+
+    @app.route("/api/routes/<route>/leases", methods=["DELETE"])
+    @api
+    async def release(self, request: Any, route: str) -> dict[str, Any]:
+        """DELETE /api/routes/<route>/leases: drop the route's leases."""
+        return await self._actions.release(self.config, route)
+
+    @app.route("/api/routes/<route>/pin", methods=["PUT"])
+    @api
+    async def pin(self, request: Any, route: str) -> dict[str, Any]:
+        """PUT /api/routes/<route>/pin {"host": h}: pin to one of the route's hosts."""
+        return await self._actions.pin(self.config, route, body_of(request))
+
+    @app.route("/api/routes/<route>/pin", methods=["DELETE"])
+    @api
+    async def unpin(self, request: Any, route: str) -> dict[str, Any]:
+        """DELETE /api/routes/<route>/pin: remove the pin; the leases stay."""
+        return await self._actions.unpin(self.config, route)
+
+    @app.route("/api/hosts/<name>/drain", methods=["POST", "DELETE"])
+    @api
+    async def drain(self, request: Any, name: str) -> dict[str, Any]:
+        """POST (drain) or DELETE (undrain) /api/hosts/<name>/drain."""
+        return await self._actions.drain(name, draining=request.method == b"POST")
+
+    @app.route("/api/hosts/<name>/evacuate", methods=["POST"])
+    @api
+    async def evacuate(self, request: Any, name: str) -> dict[str, Any]:
+        """POST /api/hosts/<name>/evacuate: drain the host and move its conversations away,
+        each prewarmed on its new host; the answer (and GET /api/hosts) shows the progress."""
+        return await self._actions.evacuate(name)
+
+    @app.route("/api/reload", methods=["POST"])
+    @api
+    async def reload(self, request: Any) -> dict[str, Any]:
+        """POST /api/reload: read the config file again; a bad one is refused (400)."""
+        return await self._actions.reload(self.config)
 
     # -- history
 
@@ -153,9 +261,10 @@ class Admin(AdminActions):
     @api
     async def status(self, request: Any) -> dict[str, Any]:
         """GET /api/status: is the store written (or is crossbar routing from memory)."""
-        store = self._table.journal.status()
-        store["unsaved_usage_rows"] = len(self._usage.unsaved)
-        store["dropped_usage_rows"] = self._usage.dropped
+        store = self._parts.journal.status()
+        usage = self._parts.usage
+        store["unsaved_usage_rows"] = len(usage.unsaved)
+        store["dropped_usage_rows"] = usage.dropped
         healthy = sum(1 for h in self._hosts.names() if self._hosts.healthy(h))
         return {
             "status": "degraded" if store["degraded"] else "ok",
@@ -170,14 +279,15 @@ class Admin(AdminActions):
     @api
     async def instances(self, request: Any) -> dict[str, Any]:
         """GET /api/instances: the crossbar instances sharing this one's store."""
-        return {"this": self._instances.id, "instances": self._instances.status()}
+        instances = self._parts.instances
+        return {"this": instances.id, "instances": instances.status()}
 
     @app.route("/metrics", methods=["GET"])
     async def metrics(self, request: Any) -> bytes:
         """GET /metrics: Prometheus text, behind the same auth as the API."""
         self.authorize(request)
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode())
-        return self._metrics.render()
+        return self._parts.metrics.render()
 
     @app.route("/", methods=["GET"])
     async def dashboard(self, request: Any) -> bytes:
@@ -215,7 +325,7 @@ class Admin(AdminActions):
 
     @app.handle_errors(StoreUnavailable)
     def _store_unavailable(self, request: Any, failure: Any) -> bytes:
-        next_try = self._table.journal.status()["next_try_in"]
+        next_try = self._parts.journal.status()["next_try_in"]
         error = unavailable(str(failure.value), retry_after=next_try or 5)
         return self._answer(request, error)
 

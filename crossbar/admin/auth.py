@@ -17,8 +17,7 @@ from urllib.parse import urlsplit
 
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 
-from crossbar.wire.errors import forbidden, unauthorized
-from crossbar.wire.inbound import bearer
+from crossbar.wire import bearer, forbidden, unauthorized
 
 _SAFE_METHODS = frozenset({b"GET", b"HEAD", b"OPTIONS"})
 

@@ -9,9 +9,9 @@ from typing import Any
 
 from attrs import frozen
 
-from crossbar.config.values import Config
-from crossbar.leases.table import Table
-from crossbar.limiter.slots import Limiter, RouteState
+from crossbar.config import Config
+from crossbar.leases import Table
+from crossbar.limiter import Limiter, RouteState
 
 
 @functools.lru_cache(maxsize=65536)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 
 UNKNOWN = "(unknown)"
 

@@ -21,14 +21,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from crossbar.admin.labels import UNKNOWN, Seen, host_stands, label_stands, route_label
-from crossbar.cluster.instances import Instances
-from crossbar.config.values import Config
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.table import Table
-from crossbar.leases.warmth import Warmth
-from crossbar.limiter.slots import Limiter
-from crossbar.proxy.guard import ContextGuard
-from crossbar.proxy.usage import UsageRecorder
+from crossbar.cluster import Instances
+from crossbar.config import Config
+from crossbar.hosts import Hosts
+from crossbar.leases import Table, Warmth
+from crossbar.limiter import Limiter
+from crossbar.proxy import ContextGuard, UsageRecorder
 from crossbar.records import LeaseEvent, UsageRow
 
 __all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]

@@ -24,11 +24,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
 from crossbar.admin.facts import RouteFacts, natural
-from crossbar.config.route import Route
-from crossbar.config.values import Config
-from crossbar.leases.table import Lease, Table
-from crossbar.leases.types import Key
-from crossbar.wire.errors import bad_request
+from crossbar.config import Config, Route
+from crossbar.leases import Key, Lease, Table
+from crossbar.wire import bad_request
 
 CHUNK = 1000  # keys scanned per turn of the reactor (1-2 ms on a busy 2-core VM)
 Start = tuple[str, str, str]  # a cursor's key: the page begins after it

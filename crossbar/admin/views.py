@@ -6,14 +6,11 @@ import math
 from typing import Any
 
 from crossbar.admin.facts import RouteFacts
-from crossbar.config.route import Route
-from crossbar.config.units import parse_duration
-from crossbar.config.values import Config
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.table import Lease, Table
-from crossbar.leases.warmth import Warmth
-from crossbar.limiter.slots import Limiter, RouteState
-from crossbar.wire.errors import bad_request
+from crossbar.config import Config, Route, parse_duration
+from crossbar.hosts import Hosts
+from crossbar.leases import Lease, Table, Warmth
+from crossbar.limiter import Limiter, RouteState
+from crossbar.wire import bad_request
 
 MAX_BUCKETS = 2000  # points per route in a usage series
 USAGE_SORTS = ("requests", "errors", "cache_hit_ratio")

@@ -26,12 +26,11 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from crossbar.app.wiring import Parts, Reconfigurable, Sites, build_parts, make_sites
-from crossbar.cluster.follower import FOLLOW_EVERY
-from crossbar.config.values import Config, ConfigError, load_config
-from crossbar.handoff.rebalance import TICK as REBALANCE_TICK
-from crossbar.hosts.registry import Hosts
-from crossbar.hosts.schedule import ProbeSchedule
-from crossbar.store.database import Store
+from crossbar.cluster import FOLLOW_EVERY
+from crossbar.config import Config, ConfigError, load_config
+from crossbar.handoff import TICK as REBALANCE_TICK
+from crossbar.hosts import Hosts, ProbeSchedule
+from crossbar.store import Store
 
 log = Logger(namespace="crossbar")
 _RESTART_KEYS = ("listen", "admin_listen", "db", "handoff_store")

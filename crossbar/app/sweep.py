@@ -8,10 +8,9 @@ from typing import Protocol
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from crossbar.config.values import Config
-from crossbar.leases.journal import StoreUnavailable
-from crossbar.leases.table import Table
-from crossbar.store.rollups import RolledUp
+from crossbar.config import Config
+from crossbar.leases import StoreUnavailable, Table
+from crossbar.store import RolledUp
 
 log = Logger(namespace="crossbar.sweep")
 # Change-log rows older than this go: an instance that fell further behind reloads the store.

@@ -9,8 +9,8 @@ from typing import NoReturn
 from twisted.application.service import IService
 from twisted.python import usage
 
-from crossbar.config.values import ConfigError, load_config
-from crossbar.store import database as store
+from crossbar.config import ConfigError, load_config
+from crossbar.store import check as check_store
 
 
 class Options(usage.Options):
@@ -39,7 +39,7 @@ def makeService(options: Options) -> IService:
         config = load_config(options["config"])
     except ConfigError as e:
         _die(e.errors, f"{len(e.errors)} config error(s)")
-    problem = store.check(config.server.db)
+    problem = check_store(config.server.db)
     if problem:
         _die([f"server.db: cannot open the store {config.server.db}: {problem}"], "no store")
     return make_service(config)

@@ -17,28 +17,26 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar import __version__
-from crossbar.admin.api import MAX_BODY, Admin
-from crossbar.admin.metrics import Metrics
+from crossbar.admin import MAX_BODY, Admin, AdminParts, Metrics
 from crossbar.app.logs import log_request
 from crossbar.app.sweep import Sweep
-from crossbar.cluster.follower import Follower
-from crossbar.cluster.instances import Instances, SharedSlots
-from crossbar.config.values import Config
-from crossbar.handoff.parts import HandoffParts, build_handoff
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.chooser import Chooser
-from crossbar.leases.journal import Journal
-from crossbar.leases.table import Table
-from crossbar.leases.warmth import Warmth
-from crossbar.limiter.slots import Limiter
-from crossbar.proxy.guard import ContextGuard
-from crossbar.proxy.ids import IdMemory
-from crossbar.proxy.placement import Placement
-from crossbar.proxy.resource import ProxyResource
-from crossbar.proxy.site import BoundedSite, ProxySite
-from crossbar.proxy.usage import UsageRecorder
-from crossbar.store.database import Store
-from crossbar.wire.upstream import Upstream
+from crossbar.cluster import Follower, Instances, SharedSlots
+from crossbar.config import Config
+from crossbar.handoff import HandoffParts, build_handoff
+from crossbar.hosts import Hosts
+from crossbar.leases import Chooser, Journal, Table, Warmth
+from crossbar.limiter import Limiter
+from crossbar.proxy import (
+    BoundedSite,
+    ContextGuard,
+    IdMemory,
+    Placement,
+    ProxyResource,
+    ProxySite,
+    UsageRecorder,
+)
+from crossbar.store import Store
+from crossbar.wire import Upstream
 
 # Leases loaded at start from which their objects are frozen out of full collections.
 _FREEZE_FROM = 10_000
@@ -171,10 +169,11 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
         config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
         p.handoff.handoff,
     )  # fmt: skip
-    api = Admin(
-        config, p.clock, p.table, p.hosts, p.limiter, p.store, p.metrics, p.usage, p.instances,
-        reload, p.handoff.evacuator, p.warmth,
+    admin_parts = AdminParts(
+        p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,
+        p.instances, p.warmth, p.handoff.evacuator,
     )  # fmt: skip
+    api = Admin(config, admin_parts, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)
     proxy.on_refused = p.usage.refused_early
     admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from crossbar.config.redaction import hide_password, redact
-from crossbar.config.route import Route
-from crossbar.config.units import format_duration, format_size
-from crossbar.config.values import Config, HostConfig
+from crossbar.config import (
+    Config,
+    HostConfig,
+    Route,
+    format_duration,
+    format_size,
+    hide_password,
+    redact,
+)
 
 
 def _slots(value: int | None) -> str:

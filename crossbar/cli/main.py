@@ -9,8 +9,8 @@ import sys
 
 from crossbar.cli import ctl
 from crossbar.cli.check import describe
-from crossbar.config.values import ConfigError, load_config
-from crossbar.store.transfer import MigrateError, migrate_store
+from crossbar.config import ConfigError, load_config
+from crossbar.store import MigrateError, migrate_store
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -13,9 +13,8 @@ from typing import Protocol
 
 from twisted.logger import Logger
 
-from crossbar.leases.memory import LeaseMemory
-from crossbar.leases.types import Key, Lease
-from crossbar.store.database import ChangeRow, StoreError
+from crossbar.leases import Key, Lease, LeaseMemory
+from crossbar.store import ChangeRow, StoreError
 
 FOLLOW_EVERY = 0.25  # seconds between reads: changes reach the others well within a second
 _BATCH = 5000

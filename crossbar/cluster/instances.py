@@ -20,8 +20,8 @@ from typing import Any, Protocol
 from attrs import asdict
 from twisted.logger import Logger
 
-from crossbar.config.values import Config
-from crossbar.store.database import InstanceRow, Store, StoreError
+from crossbar.config import Config
+from crossbar.store import InstanceRow, Store, StoreError
 
 DEAD_AFTER = 3  # missed heartbeats
 log = Logger(namespace="crossbar.instances")

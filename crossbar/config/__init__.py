@@ -2,3 +2,27 @@
 templates, each route's limits, durations and sizes, and how a store URL is shown. Every error
 names its dotted path (docs/reference.md, "Config"). Imports nothing of crossbar but records.
 """
+
+from crossbar.config.limits import DEFAULT_LIMITS, PREWARM_PRIORITY, RouteLimits
+from crossbar.config.redaction import hide_password, is_postgres, redact
+from crossbar.config.route import Route
+from crossbar.config.units import format_duration, format_size, parse_duration
+from crossbar.config.values import Config, ConfigError, HostConfig, ModelConfig, load_config
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "PREWARM_PRIORITY",
+    "Config",
+    "ConfigError",
+    "HostConfig",
+    "ModelConfig",
+    "Route",
+    "RouteLimits",
+    "format_duration",
+    "format_size",
+    "hide_password",
+    "is_postgres",
+    "load_config",
+    "parse_duration",
+    "redact",
+]

@@ -19,11 +19,10 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 from crossbar.handoff.moves import HandOff, Moved
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.chooser import Chooser
-from crossbar.leases.table import Key, Table
+from crossbar.hosts import Hosts
+from crossbar.leases import Chooser, Key, Table
 
 log = Logger(namespace="crossbar.evacuate")
 

@@ -30,7 +30,7 @@ from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 from twisted.python.threadpool import ThreadPool
 
-from crossbar.leases.types import Key
+from crossbar.leases import Key
 
 log = Logger(namespace="crossbar.handoff")
 _LEVEL = 1  # prompts compress about 4x even at the fastest level; the thread's time matters more

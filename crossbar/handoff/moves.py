@@ -24,14 +24,12 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 from crossbar.handoff.kept import HandoffStore
 from crossbar.handoff.prewarm import PREWARMABLE, Outcome, Prewarmer, pack
-from crossbar.leases.table import Table
-from crossbar.leases.types import Key
+from crossbar.leases import Key, Table
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.wire.exchange import Exchange
-from crossbar.wire.inbound import Inbound
+from crossbar.wire import Exchange, Inbound
 
 log = Logger(namespace="crossbar.handoff")
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)

@@ -9,18 +9,17 @@ from typing import Any
 from attrs import frozen
 from prometheus_client import CollectorRegistry
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 from crossbar.handoff.evacuate import Evacuator
 from crossbar.handoff.kept import HandoffStore
 from crossbar.handoff.moves import HandOff
 from crossbar.handoff.prewarm import Prewarmer
 from crossbar.handoff.rebalance import Rebalancer
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.chooser import Chooser
-from crossbar.leases.table import Table
-from crossbar.limiter.slots import Limiter
-from crossbar.proxy.usage import UsageRecorder
-from crossbar.wire.upstream import Upstream
+from crossbar.hosts import Hosts
+from crossbar.leases import Chooser, Table
+from crossbar.limiter import Limiter
+from crossbar.proxy import UsageRecorder
+from crossbar.wire import Upstream
 
 
 @frozen

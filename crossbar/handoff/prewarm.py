@@ -24,18 +24,22 @@ from twisted.logger import Logger
 from twisted.web.client import readBody
 from twisted.web.http_headers import Headers
 
-from crossbar.config.limits import PREWARM_PRIORITY, RouteLimits
-from crossbar.config.values import Config
+from crossbar.config import PREWARM_PRIORITY, Config, RouteLimits
 from crossbar.handoff.kept import HandoffStore
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.types import Key
-from crossbar.limiter.slots import Limiter, LimiterError
-from crossbar.proxy.usage import UsageRecorder
-from crossbar.wire.dialects import Kind, classify
-from crossbar.wire.exchange import Exchange
-from crossbar.wire.inbound import Inbound
-from crossbar.wire.meter import Tokens
-from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare
+from crossbar.hosts import Hosts
+from crossbar.leases import Key
+from crossbar.limiter import Limiter, LimiterError
+from crossbar.proxy import UsageRecorder
+from crossbar.wire import (
+    Exchange,
+    Inbound,
+    Kind,
+    Tokens,
+    Upstream,
+    UpstreamFailure,
+    classify,
+    prepare,
+)
 
 log = Logger(namespace="crossbar.prewarm")
 # The client APIs whose prompt a replay can warm without generating: llama-server reads

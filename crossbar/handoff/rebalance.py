@@ -21,12 +21,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from crossbar.config.route import Route
-from crossbar.config.values import Config
+from crossbar.config import Config, Route
 from crossbar.handoff.moves import HandOff
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.table import Lease, Table
-from crossbar.limiter.slots import Limiter
+from crossbar.hosts import Hosts
+from crossbar.leases import Lease, Table
+from crossbar.limiter import Limiter
 
 log = Logger(namespace="crossbar.rebalance")
 TICK = 1.0  # seconds between looks; cheap: only queues with waiters lead anywhere

@@ -2,3 +2,8 @@
 passive failures), draining, flap damping, what each serves (configured or discovered) with its
 slots and context, and the spread probe schedule.
 """
+
+from crossbar.hosts.registry import Hosts, NoSuchHost
+from crossbar.hosts.schedule import ProbeSchedule
+
+__all__ = ["Hosts", "NoSuchHost", "ProbeSchedule"]

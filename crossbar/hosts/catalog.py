@@ -14,7 +14,7 @@ from typing import Any
 
 from attrs import define, field
 
-from crossbar.config.values import HostConfig, ModelConfig
+from crossbar.config import HostConfig, ModelConfig
 from crossbar.hosts.health import Props
 
 LOADED = "loaded"

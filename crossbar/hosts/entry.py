@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attrs import define, field
 
-from crossbar.config.values import HostConfig
+from crossbar.config import HostConfig
 from crossbar.hosts.catalog import Catalog
 from crossbar.hosts.flaps import Flaps
 from crossbar.hosts.health import Health

@@ -20,9 +20,8 @@ from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
 
-from crossbar.config.values import HostConfig, ModelConfig
-from crossbar.wire.endpoints import HostEndpoints, authorization
-from crossbar.wire.twisted_private import quiet_pool
+from crossbar.config import HostConfig, ModelConfig
+from crossbar.wire import HostEndpoints, authorization, quiet_pool
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
 

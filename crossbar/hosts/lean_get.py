@@ -26,7 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.client import URI, ResponseFailed, ResponseNeverReceived
 
 from crossbar.hosts.health import Getter
-from crossbar.wire.endpoints import HostEndpoints
+from crossbar.wire import HostEndpoints
 
 MAX_HEAD = 64 * 1024  # as twisted_private.MAX_RESPONSE_HEAD_BYTES: past it, the fallback
 MAX_BODY = 1024 * 1024  # a /health answer is a few bytes; past this, the fallback

@@ -23,7 +23,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
-from crossbar.config.values import Config, ModelConfig
+from crossbar.config import Config, ModelConfig
 from crossbar.hosts.discovery import discover
 from crossbar.hosts.entry import HostEntry
 from crossbar.hosts.health import Getter, Prober, build_client, treq_getter

@@ -19,7 +19,7 @@ from typing import Any
 from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 from crossbar.hosts.registry import Hosts
 
 # Probes start in this many groups per interval: a host at a time would wake the reactor for

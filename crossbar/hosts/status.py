@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from attrs import asdict
 
-from crossbar.config.redaction import hide_password
+from crossbar.config import hide_password
 
 if TYPE_CHECKING:
     from crossbar.hosts.entry import HostEntry

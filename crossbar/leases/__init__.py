@@ -3,3 +3,38 @@ there (docs/reference.md, "Leases"); the chooser of new hosts, the cache truth i
 journal that carries changes to the store and keeps them through an outage. The store is behind
 the `LeaseStore` protocol; hosts behind `HostStates`.
 """
+
+from crossbar.leases.chooser import Chooser
+from crossbar.leases.journal import Journal, StoreUnavailable
+from crossbar.leases.memory import LeaseMemory
+from crossbar.leases.table import Table
+from crossbar.leases.types import (
+    Acquired,
+    Change,
+    Key,
+    Lease,
+    LeaseError,
+    NoHost,
+    PinnedDown,
+    State,
+    Written,
+)
+from crossbar.leases.warmth import Warmth
+
+__all__ = [
+    "Acquired",
+    "Change",
+    "Chooser",
+    "Journal",
+    "Key",
+    "Lease",
+    "LeaseError",
+    "LeaseMemory",
+    "NoHost",
+    "PinnedDown",
+    "State",
+    "StoreUnavailable",
+    "Table",
+    "Warmth",
+    "Written",
+]

@@ -55,7 +55,7 @@ from crossbar.leases.types import (
 from crossbar.records import LeaseEvent
 
 if TYPE_CHECKING:
-    from crossbar.config.values import Config
+    from crossbar.config import Config
 
 __all__ = ["Acquired", "Key", "Lease", "LeaseError", "NoHost", "PinnedDown", "State", "Table"]
 __all__ += ["UnknownHost", "pin_key"]

@@ -23,7 +23,7 @@ from typing import Any
 from attrs import define, field
 from twisted.internet.interfaces import IReactorTime
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 from crossbar.leases.types import Key, Lease
 from crossbar.records import LeaseEvent
 

@@ -28,7 +28,7 @@ from typing import Generic, Protocol, TypeVar
 
 from attrs import define, field
 
-from crossbar.config.limits import RouteLimits
+from crossbar.config import RouteLimits
 
 SHARED_WEIGHT = 1.0
 

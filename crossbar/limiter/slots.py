@@ -34,8 +34,7 @@ from itertools import count
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 
-from crossbar.config.limits import DEFAULT_LIMITS, RouteLimits
-from crossbar.config.values import Config
+from crossbar.config import DEFAULT_LIMITS, Config, RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
 from crossbar.limiter.types import (
     LimiterError,

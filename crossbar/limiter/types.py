@@ -9,7 +9,7 @@ from attrs import define, field, frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
-from crossbar.config.limits import RouteLimits
+from crossbar.config import RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
 
 Release = Callable[[], None]

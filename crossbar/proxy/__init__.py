@@ -3,3 +3,20 @@ dialect, model, fingerprint, lease, guard, slot, upstream, relay, usage; the sit
 that carry it, CORS, and the refusals that map domain errors to HTTP. It knows the warm hand-off
 only as a `TurnGate`.
 """
+
+from crossbar.proxy.guard import ContextGuard
+from crossbar.proxy.ids import IdMemory
+from crossbar.proxy.placement import Placement
+from crossbar.proxy.resource import ProxyResource
+from crossbar.proxy.site import BoundedSite, ProxySite
+from crossbar.proxy.usage import UsageRecorder
+
+__all__ = [
+    "BoundedSite",
+    "ContextGuard",
+    "IdMemory",
+    "Placement",
+    "ProxyResource",
+    "ProxySite",
+    "UsageRecorder",
+]

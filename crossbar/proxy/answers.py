@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from crossbar.config.route import Route
-from crossbar.hosts.registry import Hosts
-from crossbar.wire.errors import unavailable
+from crossbar.config import Route
+from crossbar.hosts import Hosts
+from crossbar.wire import unavailable
 
 
 def models_list(models: list[str], aliases: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from crossbar.config.route import Route
-from crossbar.leases.types import Key
-from crossbar.wire.dialects import Dialect, Kind
-from crossbar.wire.inbound import Inbound
+from crossbar.config import Route
+from crossbar.leases import Key
+from crossbar.wire import Dialect, Inbound, Kind
 
 
 @frozen

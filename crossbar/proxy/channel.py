@@ -19,9 +19,7 @@ from typing import Any
 from twisted.internet.interfaces import IDelayedCall
 from twisted.web.http import HTTPChannel
 
-from crossbar.wire.endpoints import no_delay
-from crossbar.wire.errors import ClientError, phrase
-from crossbar.wire.twisted_private import head_too_large
+from crossbar.wire import ClientError, head_too_large, no_delay, phrase
 
 
 class ProxyChannel(HTTPChannel):

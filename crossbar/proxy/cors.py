@@ -14,9 +14,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from crossbar.config.route import Route
-from crossbar.wire.errors import forbidden
-from crossbar.wire.inbound import HeaderReader
+from crossbar.config import Route
+from crossbar.wire import HeaderReader, forbidden
 
 METHODS = b"GET, POST, OPTIONS"
 # Chromium caps a preflight's cache at two hours; longer would only be ignored.

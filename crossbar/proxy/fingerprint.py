@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from crossbar.wire.bodies import canonical
-from crossbar.wire.dialects import Dialect
-from crossbar.wire.inbound import HeaderReader
+from crossbar.wire import Dialect, HeaderReader, canonical
 
 # Session ids clients already send, in the order they are trusted.
 SESSION_HEADERS = (

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from attrs import define, field
 
-from crossbar.wire.errors import bad_request
+from crossbar.wire import bad_request
 
 # Until a model's ratio is learned. Real tokenizers give about 0.23-0.3 tokens a character for
 # English and more for code. Starting below that makes an unlearned estimate err low, so it

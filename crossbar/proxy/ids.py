@@ -7,7 +7,7 @@ from collections.abc import Iterable
 
 from attrs import define, field, frozen
 
-from crossbar.config.values import Config
+from crossbar.config import Config
 
 
 @frozen

@@ -22,12 +22,10 @@ from __future__ import annotations
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.table import Acquired, Table
-from crossbar.leases.warmth import Warmth
+from crossbar.hosts import Hosts
+from crossbar.leases import Acquired, Table, Warmth
 from crossbar.proxy.call import Call
-from crossbar.wire.dialects import Kind
-from crossbar.wire.meter import Tokens
+from crossbar.wire import Kind, Tokens
 
 log = Logger(namespace="crossbar.placement")
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from crossbar.leases.types import NoHost, PinnedDown
-from crossbar.limiter.slots import QueueFull, QueueTimeout, RouteQueueFull
-from crossbar.wire.errors import INTERNAL, ClientError, unavailable
-from crossbar.wire.upstream import UpstreamFailure
+from crossbar.leases import NoHost, PinnedDown
+from crossbar.limiter import QueueFull, QueueTimeout, RouteQueueFull
+from crossbar.wire import INTERNAL, ClientError, UpstreamFailure, unavailable
 
 
 @frozen

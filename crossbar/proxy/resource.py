@@ -19,10 +19,10 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from crossbar.config.values import Config
-from crossbar.hosts.registry import Hosts
-from crossbar.leases.table import Acquired, Key, LeaseError, NoHost
-from crossbar.limiter.slots import Limiter, LimiterError, Release
+from crossbar.config import Config
+from crossbar.hosts import Hosts
+from crossbar.leases import Acquired, Key, LeaseError, NoHost
+from crossbar.limiter import Limiter, LimiterError, Release
 from crossbar.proxy import cors
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
@@ -33,19 +33,26 @@ from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception
 from crossbar.proxy.routing import check_key, choose_model, resolve_route, split_route
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
-from crossbar.wire.dialects import OPENAI_CHAT, Kind, classify
-from crossbar.wire.errors import (
+from crossbar.wire import (
     INTERNAL,
+    OPENAI_CHAT,
     ClientError,
+    Exchange,
+    Inbound,
+    Kind,
+    Relay,
+    Upstream,
+    UpstreamFailure,
     bad_request,
+    classify,
+    header_reader,
     not_found,
+    prepare,
+    renamed_body,
+    request_body,
     unavailable,
     write_error,
 )
-from crossbar.wire.exchange import Exchange
-from crossbar.wire.inbound import Inbound, header_reader, request_body
-from crossbar.wire.relay import Relay
-from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again

@@ -7,10 +7,8 @@ import re
 from typing import Any
 from urllib.parse import parse_qs
 
-from crossbar.config.route import Route
-from crossbar.config.values import Config
-from crossbar.wire.errors import ClientError, bad_request, not_found
-from crossbar.wire.inbound import bearer
+from crossbar.config import Config, Route
+from crossbar.wire import ClientError, bad_request, bearer, not_found
 
 _ROUTE_PREFIX = re.compile(r"/r/([^/]+)(/.*)?")
 

@@ -10,15 +10,18 @@ from attrs import frozen
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
-from crossbar.config.units import format_size
-from crossbar.config.values import Config
+from crossbar.config import Config, format_size
 from crossbar.proxy import cors
 from crossbar.proxy.channel import ProxyChannel
 from crossbar.proxy.routing import split_route
-from crossbar.wire.dialects import ErrorShape, classify
-from crossbar.wire.errors import ClientError, phrase
-from crossbar.wire.inbound import header_reader
-from crossbar.wire.twisted_private import request_line_path
+from crossbar.wire import (
+    ClientError,
+    ErrorShape,
+    classify,
+    header_reader,
+    phrase,
+    request_line_path,
+)
 
 
 def _too_large(limit: int) -> ClientError:

@@ -12,11 +12,11 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from crossbar.leases.journal import Journal
+from crossbar.leases import Journal
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.records import UsageRow
-from crossbar.wire.exchange import Exchange
+from crossbar.wire import Exchange
 
 log = Logger(namespace="crossbar.usage")
 Observer = Callable[[UsageRow], None]

@@ -16,7 +16,7 @@ from typing import Any
 from attrs import frozen
 from twisted.enterprise.adbapi import ConnectionLost, ConnectionPool
 
-from crossbar.config.redaction import is_postgres
+from crossbar.config import is_postgres
 
 BUSY_TIMEOUT_MS = 5000  # another process (a backup, another crossbar) may hold SQLite's lock
 

@@ -20,8 +20,8 @@ from twisted.enterprise.adbapi import ConnectionPool, Transaction
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.config.redaction import redact
-from crossbar.leases.types import Change, Key, Lease, State, Written
+from crossbar.config import redact
+from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store.backends import SQLITE, Backend, backend_for
 from crossbar.store.group import GroupCommit, write_group

@@ -20,7 +20,7 @@ from twisted.enterprise.adbapi import Transaction
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
 
-from crossbar.leases.types import Change, Written
+from crossbar.leases import Change, Written
 from crossbar.store.backends import Backend
 from crossbar.store.writes import write_change
 

@@ -16,7 +16,7 @@ from twisted.enterprise.adbapi import ConnectionPool
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
 
-from crossbar.config.redaction import redact
+from crossbar.config import redact
 from crossbar.store.backends import (
     BUSY_TIMEOUT_MS,
     SQLITE,

@@ -16,7 +16,7 @@ from typing import Any
 
 from attrs import frozen
 
-from crossbar.config.redaction import redact
+from crossbar.config import redact
 from crossbar.store.backends import Backend, backend_for
 from crossbar.store.setup import StoreError, connect, diagnose, migrate, migrations
 

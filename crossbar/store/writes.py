@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from attrs import frozen
 from twisted.enterprise.adbapi import Transaction
 
-from crossbar.leases.types import Change, Key, Lease, State, Written
+from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.store.backends import Backend
 
 _LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"

@@ -3,3 +3,68 @@ llama.cpp) and what their bodies say, the errors crossbar answers in them, what 
 the request to a host and its connections, the relay of the host's answer back, and the usage
 read from it as it passes. Knows nothing of leases, slots or the store.
 """
+
+from crossbar.wire.bodies import canonical
+from crossbar.wire.dialects import OPENAI_CHAT, Dialect, ErrorShape, Kind, classify
+from crossbar.wire.endpoints import HostEndpoints, authorization, no_delay
+from crossbar.wire.errors import (
+    INTERNAL,
+    ClientError,
+    bad_request,
+    forbidden,
+    not_found,
+    phrase,
+    unauthorized,
+    unavailable,
+    write_error,
+)
+from crossbar.wire.exchange import Exchange
+from crossbar.wire.inbound import (
+    HeaderReader,
+    Inbound,
+    bearer,
+    header_reader,
+    json_object,
+    request_body,
+)
+from crossbar.wire.meter import Tokens
+from crossbar.wire.relay import Relay
+from crossbar.wire.twisted_private import head_too_large, quiet_pool, request_line_path
+from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
+
+__all__ = [
+    "INTERNAL",
+    "OPENAI_CHAT",
+    "ClientError",
+    "Dialect",
+    "ErrorShape",
+    "Exchange",
+    "HeaderReader",
+    "HostEndpoints",
+    "Inbound",
+    "Kind",
+    "Relay",
+    "Tokens",
+    "Upstream",
+    "UpstreamFailure",
+    "authorization",
+    "bad_request",
+    "bearer",
+    "canonical",
+    "classify",
+    "forbidden",
+    "head_too_large",
+    "header_reader",
+    "json_object",
+    "no_delay",
+    "not_found",
+    "phrase",
+    "prepare",
+    "quiet_pool",
+    "renamed_body",
+    "request_body",
+    "request_line_path",
+    "unauthorized",
+    "unavailable",
+    "write_error",
+]

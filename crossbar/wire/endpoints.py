@@ -18,7 +18,7 @@ from twisted.web.client import BrowserLikePolicyForHTTPS
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
-from crossbar.config.values import HostConfig
+from crossbar.config import HostConfig
 
 
 def no_delay(transport: Any) -> None:

@@ -30,7 +30,7 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
 from zope.interface import implementer
 
-from crossbar.config.values import Config, HostConfig, ModelConfig
+from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.wire.dialects import Dialect
 from crossbar.wire.endpoints import CountingEndpoints, HostEndpoints, authorization
 from crossbar.wire.twisted_private import RequestNotSent, not_http, quiet_pool

@@ -1,5 +1,5 @@
 """The `reuseport:` endpoint string prefix: several crossbar processes on one port."""
 
-from crossbar.app.reuseport import ReusePortParser
+from crossbar.app import ReusePortParser
 
 reuseport = ReusePortParser()
