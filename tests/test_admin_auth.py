@@ -154,7 +154,7 @@ async def test_without_a_token_a_browser_page_from_elsewhere_cannot_use_the_api(
         )
         assert code == 403 and "cross-site request" in body["error"]["message"]
         assert not crossbar.parts.hosts.draining("titan")
-        port = crossbar.service.admin_port.getHost().port
+        port = crossbar.app.admin_port.getHost().port
         code, body, _ = await crossbar.call(
             "POST", "/api/hosts/titan/drain", Origin=f"http://127.0.0.1:{port}"
         )

@@ -39,7 +39,7 @@ async def crossbar(tmp_path):
 async def batch_holds_the_slot_and_two_wait(crossbar):
     """The only slot held as a batch request would hold it (its release returned), and a batch
     and a project request waiting behind it (their Deferreds)."""
-    limiter, config = crossbar.parts.limiter, crossbar.service.config
+    limiter, config = crossbar.parts.limiter, crossbar.app.config
     release = await wait(limiter.acquire("titan", MODEL, config.route("batch").limits))
     batch = ensureDeferred(crossbar.chat("batch", conversation("b")))
     project = ensureDeferred(crossbar.chat("proj-alpha", conversation("p")))

@@ -1,4 +1,4 @@
-"""The config of SPEC §3: defaults, routes and templates, and every error by its dotted path."""
+"""The config of docs/reference.md, "Config": defaults, routes and templates, and every error by its dotted path."""
 
 import pytest
 

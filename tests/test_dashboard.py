@@ -79,7 +79,7 @@ async def test_without_the_token_the_dashboard_reports_what_failed(crossbar, tmp
 
 @pytest_twisted.ensureDeferred
 async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp_path):
-    limiter, config = crossbar.parts.limiter, crossbar.service.config
+    limiter, config = crossbar.parts.limiter, crossbar.app.config
     solo = config.route("solo").limits
     # Both of titan's slots held as solo requests would hold them; one real request waits.
     held = [await wait(limiter.acquire("titan", MODEL, solo)) for _ in range(2)]

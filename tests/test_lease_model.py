@@ -48,7 +48,7 @@ class Held:
 
 @define
 class Model:
-    """The rules of SPEC §5 and the lease seed, over plain dicts."""
+    """The rules of docs/reference.md, "Leases" and the lease seed, over plain dicts."""
 
     leases: dict[Key, Held] = field(factory=dict)
     pins: dict[str, str] = field(factory=dict)

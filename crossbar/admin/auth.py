@@ -1,4 +1,4 @@
-"""Who may use the admin API (SPEC §10).
+"""Who may use the admin API (docs/reference.md, "Admin API").
 
 With `server.admin_token` set, a request must carry `Authorization: Bearer <token>` (compared in
 constant time). Without one, only loopback clients are served, and two browser attacks on a

@@ -1,4 +1,4 @@
-"""The label values of crossbar's metrics, bounded by the config (SPEC §10).
+"""The label values of crossbar's metrics, bounded by the config (docs/reference.md, "Metrics").
 
 A route's `route` label is its name when the config has a `[routes.<name>]` table for it or
 lists it in `server.metrics_routes`; `template:<name>` for every other route a template serves

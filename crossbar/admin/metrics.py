@@ -1,4 +1,4 @@
-"""Prometheus metrics of one crossbar (SPEC §10), on a registry of its own.
+"""Prometheus metrics of one crossbar (docs/reference.md, "Metrics"), on a registry of its own.
 
 Request numbers come from the usage rows (a `UsageRecorder` observer); lease changes from the
 table's listeners; everything that is a state rather than a count (in flight, queued, leases,
@@ -6,7 +6,7 @@ host health, the cache-hit ratio) and the counters other parts keep (the guard's
 limiter's, the prober's) are read from the live objects when Prometheus scrapes, so they can
 never drift from what the admin API shows.
 
-Label values are bounded by the config (crossbar.metrics_labels): a route a template serves is
+Label values are bounded by the config (labels.py): a route a template serves is
 labelled `template:<name>` unless `server.metrics_routes` lists it, a route or host no config
 names is "(unknown)", and a reload drops the series of routes and hosts it removed.
 """
@@ -133,7 +133,7 @@ class Metrics:
     def observe(self, row: UsageRow) -> None:
         """One finished request (a UsageRecorder observer)."""
         if row.lease == "prewarm":
-            return  # crossbar's own hand-off work, counted apart (prewarm.py)
+            return  # crossbar's own hand-off work, counted apart (handoff/prewarm.py)
         route, host, model = self._labels(row)
         seen = self._seen
         seen.labels(self.requests, route, host, model, str(row.status)).inc()
@@ -286,7 +286,7 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
 
 
 def _warmth(config: Config, warmth: Warmth) -> Iterator[Metric]:
-    """What each host's answers say it kept warm (warmth.py)."""
+    """What each host's answers say it kept warm (leases/warmth.py)."""
     host = ["host"]
     evictions = CounterMetricFamily(
         "crossbar_cache_evictions",

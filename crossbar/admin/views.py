@@ -97,7 +97,7 @@ def host_rows(
     """Hosts.status() with, per model, the limiter's in flight, queued (in all and per route)
     and free slots, this instance's `share` of the host's `parallel` slots (all of them unless
     other instances share the store) and the table's lease count; and per host the routes
-    pinned to it and its cache truth (evictions, warm capacity; warmth.py)."""
+    pinned to it and its cache truth (evictions, warm capacity; leases/warmth.py)."""
     pins = table.pins()
     rows = hosts.status()
     for host in rows:

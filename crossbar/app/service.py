@@ -257,7 +257,7 @@ def _health_interval(config: Config) -> float:
 
 
 def probe_timer(config: Config, hosts: Hosts, clock: Any) -> ProbeSchedule:
-    """Each host probed every `health_interval` at its own phase (probe_schedule.py); a slow
+    """Each host probed every `health_interval` at its own phase (hosts/schedule.py); a slow
     probe delays that host's next one instead of overlapping it."""
     return ProbeSchedule(config, hosts, clock)
 

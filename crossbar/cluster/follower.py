@@ -3,7 +3,7 @@ read from the change log and applied to this instance's memory.
 
 A run reads the rows after the last one seen, in order. Rows this instance wrote are skipped
 (their effect is in memory already); the table skips a row for a key this instance has written
-since. Rows are pruned after a while (crossbar.sweep): an instance that fell further behind
+since. Rows are pruned after a while (app/sweep.py): an instance that fell further behind
 than that (a long stall) reloads every lease from the store instead.
 """
 

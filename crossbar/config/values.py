@@ -1,4 +1,5 @@
-"""The TOML config of SPEC §3: server settings, hosts and their models, routes, templates."""
+"""The TOML config as frozen values: server settings, hosts and their models, routes, templates
+(docs/reference.md, "Config")."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ class ServerConfig:
     health_timeout: float = 2.0
     unhealthy_after: int = 3
     healthy_after: int = 2
-    flap_window: float = 600.0  # falls counted for flap damping (flaps.py)
+    flap_window: float = 600.0  # falls counted for flap damping (hosts/flaps.py)
     flap_holddown: float = 30.0  # hold-down per fall beyond the first within flap_window
     flap_holddown_max: float = 600.0
     sweep_batch: int = 200  # idle leases expired per transaction
@@ -103,7 +104,7 @@ class HostConfig:
     parallel: int | None = None
     ctx: int | None = None
     # Prompt tokens the host keeps warm over all its conversations (its slots and its
-    # `--cache-ram`); None: learned from its evictions (warmth.py).
+    # `--cache-ram`); None: learned from its evictions (leases/warmth.py).
     cache_tokens: int | None = None
 
     def model(self, name: str) -> ModelConfig | None:

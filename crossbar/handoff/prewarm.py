@@ -1,7 +1,7 @@
 """Prewarm: replay a conversation's latest prompt on a host, generating nothing, so its next
 turn there finds the prompt in the host's cache.
 
-The kept body (handoff_store.py) goes to the host with generation suppressed the way
+The kept body (kept.py) goes to the host with generation suppressed the way
 llama-server reads it (`n_predict: 0`, which every llama-server endpoint reads before the
 OpenAI/Anthropic `max_tokens`; `max_tokens: 0` as well; `cache_prompt: true`; not streamed).
 It takes a slot through the limiter like a request, at PREWARM_PRIORITY, below every route,

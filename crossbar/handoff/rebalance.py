@@ -6,7 +6,7 @@ one with waiters has been hot since the first tick that saw them; an empty queue
 Once a host has been hot for a route's `rebalance_after` and another candidate of the route
 for that model has free slots and nobody waiting, the route's least recently used
 conversations on the hot host that have been idle for `rebalance_idle` and have no request in
-flight move there (warm hand-off, handoff.py; events say reason "rebalance"): as many per tick
+flight move there (warm hand-off, moves.py; events say reason "rebalance"): as many per tick
 as the cool host has free slots, at most `rebalance_per_minute` per route in any minute, and
 only while the cool host, one lease more, stays no more loaded (leases per slot) than the hot
 one, one lease fewer: a move costs a full prefill of its prompt, so nothing ever moves back.

@@ -1,5 +1,5 @@
 """What a good probe may go on to read: a router-mode host's `GET /models`, and `/props` of the
-models whose `parallel`/`ctx` the config leaves unset (hosts.py calls it, catalog.py keeps it).
+models whose `parallel`/`ctx` the config leaves unset (registry.py calls it, catalog.py keeps it).
 """
 
 from __future__ import annotations

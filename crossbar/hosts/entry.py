@@ -12,7 +12,7 @@ from crossbar.hosts.health import Health
 
 @define
 class HostEntry:
-    """A host of the registry (hosts.py): what it is configured as and what was seen of it."""
+    """A host of the registry (registry.py): what it is configured as and what was seen of it."""
 
     config: HostConfig
     health: Health = field(factory=Health)

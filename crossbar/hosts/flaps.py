@@ -6,7 +6,7 @@ it keeps losing them. Like Envoy's outlier ejection, whose ejection time grows w
 ejection, a host that comes back after its second (third, ...) fall within `flap_window` is
 held out of new placements for `flap_holddown` times the falls before this one, at most
 `flap_holddown_max`. A single fall (a restart) holds nothing. The hold only steers the chooser
-(chooser.py): conversations already on the host still go to it.
+(leases/chooser.py): conversations already on the host still go to it.
 
 A host that stays down logs one summary line at most every `DOWN_SUMMARY_EVERY` seconds, so a
 dead host is visible in the log without flooding it.

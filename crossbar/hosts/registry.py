@@ -1,4 +1,5 @@
-"""The configured hosts: health (active probes and passive failures), draining, slots (SPEC §10).
+"""The configured hosts: health (active probes and passive failures), draining, slots
+(docs/reference.md, "Hosts").
 
 Hosts start healthy, so a restart moves no lease. A probe is `GET <url>/health` within
 `health_timeout`: 200 is good, anything else (503 "Loading model" included), a timeout or a
@@ -226,7 +227,7 @@ class Hosts:
         return waiter
 
     def probe(self, name: str) -> Deferred[None]:
-        """Probe one host now (the spread schedule's step, probe_schedule.py); joins a probe
+        """Probe one host now (the spread schedule's step, schedule.py); joins a probe
         of it under way. Never fails; fires at once for a host the config no longer has."""
         host = self._hosts.get(name)
         if host is None:

@@ -1,4 +1,5 @@
-"""Where a new lease goes: SPEC §5's chooser, a pure ranking over what the table passes it.
+"""Where a new lease goes: a pure ranking over what the table passes it (docs/reference.md,
+"Leases").
 
 The table knows the leases (how many each host holds for the model, counting placements still
 being written, and which hosts peer routes use); the limiter knows the slots and what each host
@@ -31,7 +32,7 @@ class Capacity(Protocol):
 
 
 class Room(Protocol):
-    """Which hosts can keep one more conversation warm (crossbar.warmth.Warmth)."""
+    """Which hosts can keep one more conversation warm (crossbar.leases.Warmth)."""
 
     def room(self, host: str, need: int, leaving: Lease | None = None) -> bool: ...
 
@@ -45,7 +46,7 @@ class HostView:
     leases: int  # leases of every route held here for the model, placements under way included
     parallel: int  # slots for the model (0 when not known)
     free: int  # slots free right now
-    held: bool = False  # held out of new placements after flapping (flaps.py)
+    held: bool = False  # held out of new placements after flapping (hosts/flaps.py)
     busy: int = 0  # requests in flight and queued here for the model now
     room: bool = True  # its cache keeps the new conversation warm beside its active ones
 
@@ -96,7 +97,7 @@ def _always_known(host: str, model: str) -> bool:
 
 @frozen
 class Chooser:
-    """Reads the capacity of each candidate and picks (SPEC's `Chooser.choose`)."""
+    """Reads the capacity of each candidate and picks (docs/reference.md, "Python shapes")."""
 
     capacity: Capacity
     held: Callable[[str], bool] = _never_held  # hosts.Hosts.held_down in production

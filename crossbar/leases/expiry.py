@@ -1,4 +1,4 @@
-"""Which leases the sweep expires, in bounded batches (lease.py `Table.expire_idle`).
+"""Which leases the sweep expires, in bounded batches (table.py `Table.expire_idle`).
 
 Expiring every idle lease in one transaction and one pass over memory stalled the reactor for
 0.8 s at 99k leases, and every request that needed the store waited behind it. Here the leases

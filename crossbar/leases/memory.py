@@ -1,11 +1,11 @@
 """The lease table's memory: leases and pins as this instance knows them, read in O(1), and
 brought up to date with what other instances sharing the store wrote.
 
-`Table` (lease.py) makes the changes, writes them and holds one of these for their result:
-it applies what it wrote (`applied`); the follower (follower.py) applies what other instances
-wrote (`apply_remote`). A change read from the change log is applied unless this instance wrote
-the same key since (its own write is newer): each of our writes is remembered by its change
-number until the log has been read past it.
+`Table` (table.py) makes the changes, writes them and holds one of these for their result:
+it applies what it wrote (`applied`); the follower (cluster/follower.py) applies what other
+instances wrote (`apply_remote`). A change read from the change log is applied unless this
+instance wrote the same key since (its own write is newer): each of our writes is remembered by
+its change number until the log has been read past it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The sticky lease table (SPEC §5): which host each conversation is on, and keeping it there.
+"""The sticky lease table: which host each conversation is on, and keeping it there
+(docs/reference.md, "Leases").
 
 A lease moves only when its host is unhealthy, when it has been idle longer than `idle`, when
 an operator pins or releases its route, or when crossbar moves it outside `acquire`: a warm
@@ -17,7 +18,7 @@ order they were submitted, so memory replays the store's history. A stale decisi
 by the next acquire (a lease left on another host under a pin moves to the pin). Instances
 sharing a store: a lease is made or moved only if the store still has it where this instance
 thinks (else the other instance's row is adopted), expiry spares leases used elsewhere since,
-and each instance follows the others' changes (follower.py, lease_memory.py).
+and each instance follows the others' changes (cluster/follower.py, memory.py).
 """
 
 from __future__ import annotations
@@ -399,7 +400,7 @@ class Table:
 
     async def expire_idle(self, now: float, batch: int = 0) -> int:
         """Drop leases unused for longer than `idle` (pins never expire); returns how many.
-        At most `batch` (0: all) per transaction, the reactor free between (lease_expiry.py)."""
+        At most `batch` (0: all) per transaction, the reactor free between (expiry.py)."""
         expired, before = 0, now - self._idle
         pause = lambda: deferLater(self._journal.clock, 0)  # noqa: E731
         scan = list(self._index.all())

@@ -1,4 +1,4 @@
-"""The lease table's values, errors and the seams it is built on (SPEC §5)."""
+"""The lease table's values, errors and the seams it is built on (docs/reference.md, "Leases")."""
 
 from __future__ import annotations
 
@@ -135,7 +135,7 @@ class HostStates(Protocol):
 
 
 class HostChooser(Protocol):
-    """Picks the host of a new lease (crossbar.chooser.Chooser)."""
+    """Picks the host of a new lease (crossbar.leases.Chooser)."""
 
     def choose(
         self,

@@ -5,7 +5,7 @@ Every answer says how much of its prompt the host found cached (`cached_tokens`,
 turn whose cached part falls well short of that previous prompt found its own prefix gone: the
 host evicted it. Evictions are counted per host, and the conversation is marked cold: it pays
 the prefill wherever its next turn goes, so that turn may go to the host with the most room
-(placement.py, event reason `cold`).
+(proxy/placement.py, event reason `cold`).
 
 Each host's warm capacity is its configured `cache_tokens`, or learned: when a host evicts a
 conversation that was active, the tokens of the conversations it served since that

@@ -1,4 +1,4 @@
-"""Per-(host, model) request slots with a bounded, fairly shared queue (SPEC §8).
+"""Per-(host, model) request slots with a bounded, fairly shared queue (docs/reference.md, "Slots").
 
 Each (host, model) has `parallel` slots, read from a callable every time it matters so that
 discovery and config reloads take effect without telling the limiter anything but `resized`.
@@ -94,7 +94,7 @@ class Limiter:
         self._routes: dict[str, RouteEntry] = {}
         self._arrivals = count()
         # Told (host, model, priority) of each request that had to queue: a prewarm holding a
-        # slot there gives it up (prewarm.py), so a client never waits behind one.
+        # slot there gives it up (handoff/prewarm.py), so a client never waits behind one.
         self.on_wait: list[Callable[[str, str, int], None]] = []
 
     # -- the request path

@@ -1,4 +1,5 @@
-"""Conversation fingerprints (SPEC §6): what keeps turn 1 and turn 40 on the same host."""
+"""Conversation fingerprints: what keeps turn 1 and turn 40 on the same host
+(docs/reference.md, "Fingerprints")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The context guard (SPEC §7): refuse a prompt that cannot fit a slot before it costs a prefill.
+"""The context guard: refuse a prompt that cannot fit a slot before it costs a prefill
+(docs/reference.md, "Context guard").
 
 crossbar is never stricter than llama-server. llama-server refuses a prompt only when the prompt
 itself does not fit the slot; a `max_tokens`/`n_predict` beyond the rest of the context is served

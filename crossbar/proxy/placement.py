@@ -7,13 +7,13 @@ Which requests make which lease (docs/architecture.md, "Which requests make a le
   names no conversation, such as `{"messages": []}` or `{"messages": 5}`) makes no lease: it
   goes where the route lease is, if the route has one, else where a new lease would go, and
   takes only its own slot;
-- every other call takes its lease by the table's rules (lease.py): the conversation's own,
+- every other call takes its lease by the table's rules (leases/table.py): the conversation's own,
   or on an `affinity = "route"` route the route's one lease, which every call of the route,
   control calls first among them, shares;
 - a lease whose first request is refused (by crossbar's context guard after the lease was
   made, or by the host with a 4xx other than 408 and 429) is forgotten again (event reason
   `refused`): a request nobody could serve places nothing;
-- an answered turn tells the cache truth (warmth.py): a conversation whose host evicted its
+- an answered turn tells the cache truth (leases/warmth.py): a conversation whose host evicted its
   prefix is placed again at its next turn (event reason `cold`), as a new one would be.
 """
 

@@ -1,5 +1,5 @@
 """The client's answer to a domain error: a lease, slot or upstream failure in HTTP's terms,
-where the request path meets HTTP (errors.py holds the answers' shapes)."""
+where the request path meets HTTP (wire/errors.py holds the answers' shapes)."""
 
 from __future__ import annotations
 

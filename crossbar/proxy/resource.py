@@ -1,4 +1,4 @@
-"""The client-facing Resource: one request's sequence (SPEC §4).
+"""The client-facing Resource: one request's sequence (docs/reference.md, "The request path").
 
 route → dialect → model → fingerprint → lease → guard → slot → upstream → relay → usage
 
@@ -59,7 +59,7 @@ _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place
 
 
 class TurnGate(Protocol):
-    """What an inference turn tells of itself and waits for (the warm hand-off, handoff.py,
+    """What an inference turn tells of itself and waits for (the warm hand-off, handoff/moves.py,
     implements it): a move of its conversation under way, while it runs, once answered."""
 
     async def wait_for_move(self, key: Key) -> None: ...
@@ -356,7 +356,8 @@ class ProxyResource(Resource):
             raise for_exception(e, self._where(call)) from None
 
     async def _check_context(self, call: Call, host: str, ex: Exchange) -> None:
-        """SPEC §7: refuse what cannot fit in the host's slot before anything goes upstream."""
+        """Refuse what cannot fit in the host's slot before anything goes upstream
+        (docs/reference.md, "Context guard")."""
         host_config = self._config.hosts.get(host)
         if host_config is None:
             return

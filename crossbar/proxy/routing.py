@@ -1,4 +1,5 @@
-"""From a client request to its route, its client key check and its model (SPEC §4)."""
+"""From a client request to its route, its client key check and its model
+(docs/reference.md, "The request path")."""
 
 from __future__ import annotations
 

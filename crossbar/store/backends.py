@@ -4,8 +4,8 @@
 sharing it in WAL mode) or a PostgreSQL URL (`postgresql://user:pass@host:5432/db`, query
 options such as `sslmode` passed through): several machines. The store writes the same SQL
 to both; a `Backend` says how to connect, how to mark parameters, how to begin a write, and
-the few expressions that differ. A URL's password never leaves the store: `redact` (redaction.py)
-is what logs, errors, `crossbar check` and the admin API show.
+the few expressions that differ. A URL's password never leaves the store: `redact`
+(config/redaction.py) is what logs, errors, `crossbar check` and the admin API show.
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""crossbar's store (SPEC §9): leases and pins, lease events, usage rows, drained hosts, and
-what several instances share: the change log and their heartbeats.
+"""crossbar's store (docs/reference.md, "Store"): leases and pins, lease events, usage rows,
+drained hosts, and what several instances share: the change log and their heartbeats.
 
-SQLite (one file, WAL) or PostgreSQL (crossbar.backends), through `twisted.enterprise.adbapi`
+SQLite (one file, WAL) or PostgreSQL (backends.py), through `twisted.enterprise.adbapi`
 with one writing connection on one thread, so writes complete in the order they were
-submitted; lease changes and usage rows go in group commits (store_batch.py). The admin API's
+submitted; lease changes and usage rows go in group commits (group.py). The admin API's
 reports read on a second connection of their own (SQLite's WAL lets a reader work beside the
 writer), so a long report never delays a lease write, nor waits behind one. Functions run in
-those threads never touch the reactor. Opening and migrations: crossbar.store_setup; the lease
-table's writes: `write` here, the conditions explained on `crossbar.lease_types.Change`.
+those threads never touch the reactor. Opening and migrations: setup.py; the lease
+table's writes: `write` here, the conditions explained on `crossbar.leases.Change`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Report rows over usage that has settled, kept between a dashboard's refreshes.
 
 A usage report reads the per-hour and per-minute sums and the raw rows before `rolled_until`
-(see store_queries.py), and the raw rows after it. Everything before `rolled_until` is
+(see reports.py), and the raw rows after it. Everything before `rolled_until` is
 settled: minutes are summed only once their rows have all arrived, and nothing writes them
 again. So the rows a query over such a range returns are kept, keyed by the query and its
 bounds, and a refresh every 3 s re-reads only the last few minutes of raw rows (and a minute's

@@ -1,6 +1,6 @@
 """Opening crossbar's store: connection setup, the numbered schema migrations (the same steps on
 SQLite and PostgreSQL), what to tell an operator when it cannot be opened, and closing it
-(SPEC §9). The queries are store.py's.
+(docs/reference.md, "Store"). The queries are database.py's.
 """
 
 from __future__ import annotations

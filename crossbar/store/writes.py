@@ -57,7 +57,7 @@ def write_change(
     txn: Transaction, backend: Backend, instance: str, change: Change, begin: bool = True
 ) -> Written:
     """See `Change`: the conditional part first, so a failed condition writes nothing.
-    `begin`: open the write transaction (not when it is one of a group, store_batch.py)."""
+    `begin`: open the write transaction (not when it is one of a group, group.py)."""
     if begin and backend.begin_write:
         txn.execute(backend.begin_write)
     saves = list(change.save)

@@ -1,6 +1,6 @@
 """Every error crossbar answers a client with: the value, its constructors and the one writer,
 in the caller's own dialect (docs/reference.md, "Errors"). The domain's errors are mapped to
-these where the domain meets HTTP (refusals.py).
+these where the domain meets HTTP (proxy/refusals.py).
 
 OpenAI's shape is `{"error": {"code", "type", "message"}}`, where `code` is the HTTP status
 unless OpenAI names the case; on `/v1/messages*` Anthropic's SDKs expect

@@ -1,5 +1,5 @@
 """One exchange between a client and a host as crossbar learns it, step by step: the record a
-usage row is made from (usage.py), written by the proxy and by prewarms."""
+usage row is made from (proxy/usage.py), written by the proxy and by prewarms."""
 
 from __future__ import annotations
 

@@ -176,7 +176,7 @@ class Relay:
         for name, values in response.headers.getAllRawHeaders():
             low = name.lower()
             if low in drop or low.startswith(b"access-control-"):
-                continue  # CORS is crossbar's alone (cors.py): the host's `*` never leaks
+                continue  # CORS is crossbar's alone (proxy/cors.py): the host's `*` never leaks
             if low == b"vary" and mine.hasHeader(b"vary"):
                 values = [*mine.getRawHeaders(b"vary"), *values]
             mine.setRawHeaders(name, values)
