@@ -1,4 +1,4 @@
-"""`twistd --logger crossbar.app.json_observer`, the name operators type (the observer lives in
+"""`twistd --logger crossbar.logs.json_observer`, the name operators type (the observer lives in
 crossbar.app.logs)."""
 
 from crossbar.app import json_observer

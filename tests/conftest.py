@@ -2,9 +2,9 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import open_store
 
-from tests.pg import need_postgres, pg_schema
+from tests.support.lease_fakes import open_store
+from tests.support.pg import need_postgres, pg_schema
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -2,8 +2,8 @@
 
 import pytest_twisted
 
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, start_fakes, turn
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, start_fakes, turn
 
 ROUTES = {
     "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL},

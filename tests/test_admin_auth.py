@@ -13,8 +13,8 @@ from twisted.web.resource import Resource
 from crossbar.admin.auth import is_loopback, is_loopback_name
 from crossbar.app.wiring import build_parts, make_sites
 from crossbar.config.values import parse_config
-from tests.admin_harness import start_service, write_config
-from tests.harness import MODEL, start_fakes
+from tests.support.admin_harness import start_service, write_config
+from tests.support.harness import MODEL, start_fakes
 
 ROUTES = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 TOKEN = "s3cret-admin-token"
@@ -154,7 +154,7 @@ async def test_without_a_token_a_browser_page_from_elsewhere_cannot_use_the_api(
         )
         assert code == 403 and "cross-site request" in body["error"]["message"]
         assert not crossbar.parts.hosts.draining("titan")
-        port = crossbar.app.admin_port.getHost().port
+        port = crossbar.service.admin_port.getHost().port
         code, body, _ = await crossbar.call(
             "POST", "/api/hosts/titan/drain", Origin=f"http://127.0.0.1:{port}"
         )

@@ -2,14 +2,14 @@
 filters and a cursor, the total told; and a long scan gives the reactor back as it goes."""
 
 import pytest_twisted
-from lease_fakes import empty_table
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
 from crossbar.admin.pages import CHUNK, LeaseFilter, lease_page
 from crossbar.leases.table import Key, Lease, State
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, start_fakes
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, start_fakes
+from tests.support.lease_fakes import empty_table
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 TEMPLATES = {"teams": {"match": "team-*", "hosts": ["titan", "atlas"], "default_model": MODEL}}

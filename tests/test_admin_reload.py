@@ -2,8 +2,8 @@
 
 import pytest_twisted
 
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, host_table, start_fakes
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, host_table, start_fakes
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 
@@ -32,7 +32,7 @@ async def test_a_bad_file_is_refused_with_every_error_and_the_old_config_stays(c
     ]
     assert "the old config stays" in error["message"]
     assert all(line in error["message"] for line in error["errors"])
-    assert crossbar.app.config.route("convo").affinity == "conversation"
+    assert crossbar.service.config.route("convo").affinity == "conversation"
     host, _ = await crossbar.chat("convo", conversation("still served"))
     assert host in ("titan", "atlas")
 

@@ -6,8 +6,8 @@ from twisted.internet.defer import ensureDeferred
 
 from crossbar.admin.metrics import UNKNOWN, route_label
 from crossbar.config.values import parse_config
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, host_table, start_fakes, until, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, host_table, start_fakes, until, wait
 from tests.test_ctl import ctl
 from tests.test_metrics import scrape
 
@@ -39,7 +39,7 @@ async def crossbar(tmp_path):
 async def batch_holds_the_slot_and_two_wait(crossbar):
     """The only slot held as a batch request would hold it (its release returned), and a batch
     and a project request waiting behind it (their Deferreds)."""
-    limiter, config = crossbar.parts.limiter, crossbar.app.config
+    limiter, config = crossbar.parts.limiter, crossbar.service.config
     release = await wait(limiter.acquire("titan", MODEL, config.route("batch").limits))
     batch = ensureDeferred(crossbar.chat("batch", conversation("b")))
     project = ensureDeferred(crossbar.chat("proj-alpha", conversation("p")))

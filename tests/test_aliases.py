@@ -12,7 +12,7 @@ from crossbar.config.route import Route
 from crossbar.config.values import ConfigError, parse_config
 from crossbar.proxy.routing import choose_model
 from crossbar.wire.errors import ClientError
-from tests.harness import MODEL, start_crossbar, start_fakes, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, wait
 
 HOSTS = {
     "titan": {"url": "http://10.0.0.5:8080", "models": ["qwen-coder", "gemma"]},

@@ -12,7 +12,7 @@ import pytest_twisted
 from attrs import define, field
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, Crossbar, start_crossbar, start_fakes, wait
+from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, wait
 
 CLAUDE = "claude-sonnet-4-5-20250929"
 SYSTEM = "You are Claude Code, working in a repository."

@@ -11,7 +11,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, Crossbar, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, until, wait
 
 CLAUDE = "claude-sonnet-4-5-20250929"  # what Claude Code sends; the route's alias serves it
 # The SDK warns about old model names; crossbar's aliases make any name right.

@@ -2,10 +2,10 @@
 way counted), then what each host is doing now, then most free slots, then config order."""
 
 import pytest_twisted
-from lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 
 from crossbar.leases.chooser import Chooser, HostView, pick
 from crossbar.leases.table import Key, Lease, State, Table
+from tests.support.lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 
 
 def views(load=None, parallel=None, free=None, peers=(), order=("a", "b")) -> list[HostView]:

@@ -13,8 +13,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 
 from crossbar.config.values import ConfigError, parse_config
-from tests.browser import CHROMIUM, element, render
-from tests.harness import MODEL, start_crossbar, start_fakes, wait
+from tests.support.browser import CHROMIUM, element, render
+from tests.support.harness import MODEL, start_crossbar, start_fakes, wait
 
 APP = "https://app.example"
 ROUTES = {

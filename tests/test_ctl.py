@@ -10,9 +10,9 @@ from twisted.internet.threads import deferToThread
 
 from crossbar.cli.ctl import table
 from crossbar.cli.main import build_parser, main
-from tests.admin_harness import conversation, start_service, write_config
-from tests.fleet import start_fleet
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.fleet import start_fleet
+from tests.support.harness import MODEL, start_fakes, wait
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

@@ -21,8 +21,8 @@ from twisted.internet.threads import deferToThread
 
 from crossbar.cli.main import main
 from crossbar.cli.top import Snapshot, frame, moves
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, start_fakes, turn, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, start_fakes, turn, wait
 
 COMMAND = str(pathlib.Path(sys.executable).parent / "crossbar")
 HOME = "\x1b[H\x1b[2J"

@@ -8,9 +8,9 @@ import pytest_twisted
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
-from tests.admin_harness import conversation, start_service, write_config
-from tests.browser import CHROMIUM, element, render
-from tests.harness import MODEL, start_fakes, turn, until, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.browser import CHROMIUM, element, render
+from tests.support.harness import MODEL, start_fakes, turn, until, wait
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
 
@@ -79,7 +79,7 @@ async def test_without_the_token_the_dashboard_reports_what_failed(crossbar, tmp
 
 @pytest_twisted.ensureDeferred
 async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp_path):
-    limiter, config = crossbar.parts.limiter, crossbar.app.config
+    limiter, config = crossbar.parts.limiter, crossbar.service.config
     solo = config.route("solo").limits
     # Both of titan's slots held as solo requests would hold them; one real request waits.
     held = [await wait(limiter.acquire("titan", MODEL, solo)) for _ in range(2)]

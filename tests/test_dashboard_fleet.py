@@ -9,9 +9,9 @@ import pytest_twisted
 from twisted.internet.threads import deferToThread
 
 from crossbar.leases.table import Key, Lease, State
-from tests.admin_harness import conversation, start_service, write_config
-from tests.browser import CHROMIUM, element, render
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.browser import CHROMIUM, element, render
+from tests.support.harness import MODEL, start_fakes, wait
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
 TEMPLATES = {"teams": {"match": "team-*", "hosts": ["titan", "atlas"], "default_model": MODEL}}

@@ -23,7 +23,7 @@ import pytest
 from crossbar.demo.launch import Knobs, free_ports, start_crossbar, start_fakes, wait_ready
 from crossbar.demo.plan import read_plan, rewrite
 from crossbar.demo.processes import Processes
-from tests.doc_snippets import ROOT, Snippet, snippets
+from tests.support.doc_snippets import ROOT, Snippet, snippets
 
 BIN = Path(sys.executable).parent
 RUN_SECONDS = 240  # one snippet (a dozen ctl commands on a busy machine); a hung one fails

@@ -5,7 +5,7 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.fakehelp import events, get, post, user, wait
+from tests.support.fakehelp import events, get, post, user, wait
 
 
 @pytest_twisted.async_yield_fixture

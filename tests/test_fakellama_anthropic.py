@@ -7,7 +7,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.fakehelp import client, post, wait
+from tests.support.fakehelp import client, post, wait
 
 SYSTEM = "You are terse."
 FIRST = [{"role": "user", "content": "Name a prime."}]

@@ -8,7 +8,7 @@ from twisted.internet.protocol import Protocol
 from twisted.web.client import ResponseDone
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.fakehelp import client, events, post, until, user, wait
+from tests.support.fakehelp import client, events, post, until, user, wait
 
 
 @pytest_twisted.async_yield_fixture

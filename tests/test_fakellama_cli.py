@@ -13,7 +13,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.web.client import ResponseFailed
 
 from crossbar.testing.fakellama_cli import main
-from tests.fakehelp import client, wait
+from tests.support.fakehelp import client, wait
 
 COMMAND = str(pathlib.Path(sys.executable).parent / "crossbar-fakellama")
 

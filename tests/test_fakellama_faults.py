@@ -13,7 +13,7 @@ from twisted.test.iosim import FakeTransport, connect
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.fakehelp import client, events, get, post, until, user, wait
+from tests.support.fakehelp import client, events, get, post, until, user, wait
 
 
 @pytest_twisted.async_yield_fixture

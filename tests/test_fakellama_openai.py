@@ -6,7 +6,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.fakehelp import post, user, wait
+from tests.support.fakehelp import post, user, wait
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, *user("Name a prime.")]
 

@@ -8,7 +8,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.fakehelp import wait
+from tests.support.fakehelp import wait
 
 ARGS = {"path": "notes.txt"}
 TASK = 'Read it.\nCALL read_file {"path": "notes.txt"}'

@@ -6,7 +6,7 @@ from twisted.internet import reactor
 
 from crossbar.testing.fakellama import FakeConfig
 from crossbar.testing.fakerouter import FakeRouter
-from tests.fakehelp import get, post, user
+from tests.support.fakehelp import get, post, user
 
 
 @pytest_twisted.async_yield_fixture

@@ -5,13 +5,13 @@ factory noise."""
 from __future__ import annotations
 
 import pytest_twisted
-from fake_hosts import TITAN, LogCapture, World
-from lease_fakes import FakeHosts, MemoryStore, run_now
 from test_hosts_http import closed_port, make_hosts, probe
 from twisted.logger import formatEvent, globalLogPublisher
 
 from crossbar.leases.chooser import Chooser, HostView, pick
 from crossbar.leases.table import Key, Table
+from tests.support.fake_hosts import TITAN, LogCapture, World
+from tests.support.lease_fakes import FakeHosts, MemoryStore, run_now
 
 
 def flapping_world(**server: object) -> World:

@@ -8,9 +8,9 @@ import pytest_twisted
 from twisted.internet.defer import DeferredList, ensureDeferred
 
 from crossbar.leases.table import Key
-from tests.admin_harness import conversation
-from tests.fleet import beat_all, percentile, start_fleet, within
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.admin_harness import conversation
+from tests.support.fleet import beat_all, percentile, start_fleet, within
+from tests.support.harness import MODEL, start_fakes, wait
 
 ROUTES = {
     "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL},

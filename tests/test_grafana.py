@@ -10,8 +10,8 @@ import re
 import pytest_twisted
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import start_fakes, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import start_fakes, wait
 
 DASHBOARD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "grafana" / "crossbar.json"
 # PromQL's functions, aggregations and keywords the dashboard may use, and the label every

@@ -9,7 +9,7 @@ import json
 
 import pytest_twisted
 
-from tests.harness import MODEL, start_crossbar, start_fakes, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, wait
 
 SLOT = 32_768
 INFERENCE = ("/v1/chat/completions", "/v1/messages")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest_twisted
 
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, start_fakes
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, start_fakes
 from tests.test_ctl import ctl
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}

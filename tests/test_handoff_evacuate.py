@@ -16,7 +16,7 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 
 from crossbar.leases.table import Key
-from tests.harness import MODEL, Crossbar, start_crossbar, start_fakes, turn, wait
+from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, turn, wait
 
 ROUTES = {"convo": {"hosts": ["a", "b", "c"], "default_model": MODEL}}
 FLEET = {"prefill_ms_per_token": 0.05, "cache_slots": 32, "parallel": 2}

@@ -11,7 +11,7 @@ from twisted.internet import reactor
 from crossbar.handoff.kept import HandoffStore
 from crossbar.handoff.parts import store_parent
 from crossbar.leases.table import Key
-from tests.harness import wait
+from tests.support.harness import wait
 
 
 def body(n: int, size: int = 4000) -> bytes:

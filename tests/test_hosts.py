@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from fake_hosts import ATLAS, HANG, TITAN, FakeStore, World, config, fired, run
 from twisted.internet.error import ConnectionRefusedError
 
 from crossbar.hosts.registry import NoSuchHost
+from tests.support.fake_hosts import ATLAS, HANG, TITAN, FakeStore, World, config, fired, run
 
 
 def test_hosts_start_healthy_so_a_restart_moves_nobody():

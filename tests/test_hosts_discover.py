@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_hosts import TITAN, World, config
 
 from crossbar.config.values import ConfigError, parse_config
+from tests.support.fake_hosts import TITAN, World, config
 
 ROUTER = {"titan": {"url": TITAN, "models": "discover"}}
 PROPS = "?model={}&autoload=false"

@@ -7,7 +7,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 
 from crossbar.config.values import parse_config
 from crossbar.hosts.registry import Hosts
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.harness import MODEL, start_fakes, wait
 
 
 @pytest_twisted.ensureDeferred

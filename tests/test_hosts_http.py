@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_twisted
-from fake_hosts import LogCapture, config
 from treq.client import HTTPClient
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred
@@ -18,6 +17,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
 from crossbar.hosts.registry import Hosts
+from tests.support.fake_hosts import LogCapture, config
 
 LOADING = b'{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}'
 PROPS = {"total_slots": 3, "default_generation_settings": {"n_ctx": 4096}}

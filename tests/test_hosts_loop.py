@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from fake_hosts import ATLAS, HANG, TITAN, World, config, fired
 from twisted.internet.defer import ensureDeferred
 
 from crossbar.app.service import probe_timer
 from crossbar.hosts.registry import Hosts
 from crossbar.hosts.schedule import SLOTS, phase
 from crossbar.limiter.slots import Limiter
+from tests.support.fake_hosts import ATLAS, HANG, TITAN, World, config, fired
 
 
 def health_times(w: World, base: str) -> list[float]:

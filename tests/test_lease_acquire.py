@@ -2,9 +2,9 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import FakeHosts, MemoryStore, hosts_of, make_table, run_now, story
 
 from crossbar.leases.table import Acquired, Key, Lease, NoHost, PinnedDown, State, Table
+from tests.support.lease_fakes import FakeHosts, MemoryStore, hosts_of, make_table, run_now, story
 
 K = Key("convo", "f1", "m")
 AB = ["a", "b"]

@@ -2,10 +2,10 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import HeldStore, hosts_of, make_table, story
 from twisted.internet.defer import CancelledError, DeferredList, ensureDeferred
 
 from crossbar.leases.table import Acquired, Key
+from tests.support.lease_fakes import HeldStore, hosts_of, make_table, story
 
 K = Key("convo", "f1", "m")
 AB = ["a", "b"]

@@ -3,12 +3,12 @@ recovers; the operator's are refused and change nothing; a cancelled caller brea
 
 import pytest
 import pytest_twisted
-from lease_fakes import FailingStore, FakeHosts, HeldStore, hosts_of, make_table
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred, ensureDeferred
 
 from crossbar.leases.journal import StoreUnavailable
 from crossbar.leases.table import Key, pin_key
+from tests.support.lease_fakes import FailingStore, FakeHosts, HeldStore, hosts_of, make_table
 
 AB = ["a", "b"]
 F1 = Key("convo", "f1", "m")

@@ -2,10 +2,10 @@
 store fails), and never one that was refused."""
 
 import pytest
-from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
 from crossbar.leases.journal import StoreUnavailable
 from crossbar.leases.table import Key
+from tests.support.lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
 AB = ["a", "b"]
 

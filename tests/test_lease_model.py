@@ -18,12 +18,12 @@ from collections.abc import Coroutine
 from attrs import define, field
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
 from crossbar.leases.chooser import HostView, pick
 from crossbar.leases.journal import StoreUnavailable
 from crossbar.leases.table import Acquired, Key, LeaseError, Table
 from crossbar.records import LeaseEvent
+from tests.support.lease_fakes import FakeHosts, MemoryStore, make_table, run_now
 
 IDLE = 100.0
 TOUCH = min(60.0, IDLE / 100)

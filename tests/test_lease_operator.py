@@ -2,9 +2,9 @@
 
 import pytest
 import pytest_twisted
-from lease_fakes import FakeHosts, hosts_of, make_table, open_store, story
 
 from crossbar.leases.table import Acquired, Key, Lease, State, UnknownHost
+from tests.support.lease_fakes import FakeHosts, hosts_of, make_table, open_store, story
 
 AB = ["a", "b"]
 
@@ -258,7 +258,7 @@ async def test_a_loaded_table_counts_and_indexes_as_the_table_that_wrote_it(tmp_
 
 
 def test_the_operators_changes_are_written_durably_and_requests_are_not():
-    from lease_fakes import MemoryStore, make_table, run_now
+    from tests.support.lease_fakes import MemoryStore, make_table, run_now
 
     store = MemoryStore()
     table = run_now(make_table(store))

@@ -7,13 +7,13 @@ leases. CHUNK is made small so that big routes (scanned in chunks) mix with smal
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lease_fakes import empty_table
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.task import Clock
 
 from crossbar.admin import pages as admin_pages
 from crossbar.admin.pages import LeaseFilter, encode_cursor, lease_page
 from crossbar.leases.table import Key, Lease, State, Table
+from tests.support.lease_fakes import empty_table
 
 FIXTURE = [HealthCheck.function_scoped_fixture]  # CHUNK is the same for every example
 ROUTES = ("a", "b", "b2", "c", "d")

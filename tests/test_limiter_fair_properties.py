@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from crossbar.config.limits import RouteLimits
 from crossbar.config.values import Config, parse_config
 from crossbar.limiter.slots import Limiter, Release
-from tests import fifo_oracle
+from tests.support import fifo_oracle
 
 KEYS = [("titan", "qwen"), ("atlas", "qwen")]
 ROUTES = ["a", "b", "c"]

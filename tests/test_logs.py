@@ -58,7 +58,7 @@ def test_twistd_with_the_json_logger_writes_json_records(tmp_path):
             "-n",
             "--pidfile=",
             "--logger",
-            "crossbar.app.json_observer",
+            "crossbar.logs.json_observer",
             "crossbar",
             "-c",
             str(config),

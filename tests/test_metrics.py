@@ -2,7 +2,6 @@
 
 import pytest_twisted
 from attrs import evolve
-from lease_fakes import FakeHosts, MemoryStore
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
@@ -14,8 +13,9 @@ from crossbar.leases.journal import Journal
 from crossbar.limiter.slots import Limiter
 from crossbar.proxy.guard import ContextGuard
 from crossbar.records import LeaseEvent, UsageRow
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, start_fakes, turn, until, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, start_fakes, turn, until, wait
+from tests.support.lease_fakes import FakeHosts, MemoryStore
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

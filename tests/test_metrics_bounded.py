@@ -6,8 +6,8 @@ import pytest_twisted
 from prometheus_client.parser import text_string_to_metric_families
 
 from crossbar.records import UsageRow
-from tests.admin_harness import conversation, start_service, write_config
-from tests.harness import MODEL, host_table, start_fakes
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.harness import MODEL, host_table, start_fakes
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 TEMPLATES = {"teams": {"match": "team-*", "hosts": ["titan", "atlas"], "default_model": MODEL}}

@@ -12,9 +12,9 @@ from twisted.internet.threads import deferToThread
 
 from crossbar.cli.main import main
 from crossbar.store.setup import check
-from tests.admin_harness import conversation
-from tests.fleet import start_fleet
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.admin_harness import conversation
+from tests.support.fleet import start_fleet
+from tests.support.harness import MODEL, start_fakes, wait
 
 ROUTES = {
     "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL},

@@ -7,9 +7,9 @@ from collections import Counter
 import pytest_twisted
 from twisted.internet.defer import DeferredList, ensureDeferred
 
-from tests.admin_harness import conversation, start_service, write_config
-from tests.fleet import start_fleet, within
-from tests.harness import MODEL, host_table, start_fakes, wait
+from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.fleet import start_fleet, within
+from tests.support.harness import MODEL, host_table, start_fakes, wait
 
 HOSTS = ("h0", "h1", "h2")
 ROUTES = {"convo": {"hosts": list(HOSTS), "default_model": MODEL}}

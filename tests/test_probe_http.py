@@ -20,7 +20,7 @@ from crossbar.config.values import parse_config
 from crossbar.hosts.health import Prober, failure_reason
 from crossbar.hosts.lean_get import LeanGetter
 from crossbar.hosts.registry import Hosts
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.harness import MODEL, start_fakes, wait
 
 URL = "http://10.0.0.7:8080"
 OK = b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n{"status":"ok"}'

@@ -9,7 +9,7 @@ import json
 
 import pytest_twisted
 
-from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

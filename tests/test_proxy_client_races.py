@@ -8,8 +8,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from memnet import MODEL, chat, start
 from twisted.logger import globalLogPublisher
+
+from tests.support.memnet import MODEL, chat, start
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 CHAT = "/r/convo/v1/chat/completions"

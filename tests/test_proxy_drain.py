@@ -2,7 +2,7 @@
 
 import pytest_twisted
 
-from tests.harness import MODEL, start_crossbar, start_fakes, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, wait
 
 ROUTES = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 

@@ -10,7 +10,7 @@ from twisted.web.client import ResponseFailed
 
 from crossbar.wire.dialects import classify as dialect_of
 from crossbar.wire.upstream import classify
-from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 

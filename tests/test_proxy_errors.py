@@ -8,7 +8,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ROUTES = {
     "convo": {"hosts": ["titan"], "default_model": MODEL},

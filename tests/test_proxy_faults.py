@@ -4,7 +4,7 @@ import json
 
 import pytest_twisted
 
-from tests.harness import MODEL, start_crossbar, start_fakes, turn, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, turn, wait
 
 TWO = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

@@ -7,7 +7,7 @@ from twisted.internet import reactor
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
-from tests.harness import MODEL, start_crossbar, wait
+from tests.support.harness import MODEL, start_crossbar, wait
 
 
 class Recorder(Resource):

@@ -6,8 +6,9 @@ import json
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from memnet import MODEL, start
 from twisted.logger import globalLogPublisher
+
+from tests.support.memnet import MODEL, start
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 PATHS = [

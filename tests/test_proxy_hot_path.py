@@ -15,7 +15,7 @@ from twisted.web.server import NOT_DONE_YET, Site
 
 from crossbar.proxy.channel import ProxyChannel
 from crossbar.wire.endpoints import HostEndpoints
-from tests.harness import MODEL, start_crossbar, wait
+from tests.support.harness import MODEL, start_crossbar, wait
 
 ANSWER = json.dumps({"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3}}).encode()
 

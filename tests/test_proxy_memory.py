@@ -2,10 +2,10 @@
 leaving while its host thinks, a keep-alive race on a pooled connection, a stop's grace."""
 
 import pytest
-from memnet import MODEL, chat, start
 from twisted.internet.defer import ensureDeferred
 
 from crossbar.leases.table import Key
+from tests.support.memnet import MODEL, chat, start
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 CHAT = "/r/convo/v1/chat/completions"

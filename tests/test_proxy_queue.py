@@ -5,7 +5,7 @@ import json
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 

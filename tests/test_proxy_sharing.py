@@ -9,7 +9,7 @@ import json
 import pytest_twisted
 
 from crossbar.records import UsageRow
-from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 FLOOD = 30
 TOKENS = 8  # per request; at TOKENS_PER_SECOND each holds the only slot >= 80 ms

@@ -4,7 +4,8 @@ Twisted cannot parse get a JSON answer, not a dropped connection (in memory, on 
 import json
 
 import pytest
-from memnet import MODEL, chat, start
+
+from tests.support.memnet import MODEL, chat, start
 
 ROUTES = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 CHAT = "/r/convo/v1/chat/completions"

@@ -5,7 +5,7 @@ import json
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, start_crossbar, start_fakes, turn, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, turn, wait
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

@@ -12,7 +12,7 @@ from twisted.web.client import ResponseDone
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Site
 
-from tests.harness import MODEL, start_crossbar, start_fakes, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, wait
 
 ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 

@@ -11,7 +11,7 @@ from twisted.internet.protocol import Factory, Protocol
 
 from crossbar.app.reuseport import ReusePortEndpoint
 from crossbar.config.values import ConfigError, parse_config
-from tests.harness import wait
+from tests.support.harness import wait
 
 
 class _Hello(Protocol):

@@ -11,8 +11,8 @@ from twisted.internet import reactor
 
 from crossbar.testing.fakellama import FakeConfig
 from crossbar.testing.fakerouter import FakeRouter
-from tests.admin_harness import start_service, write_config
-from tests.harness import start_crossbar, start_fakes, wait
+from tests.support.admin_harness import start_service, write_config
+from tests.support.harness import start_crossbar, start_fakes, wait
 
 CHAT = "/v1/chat/completions"
 

@@ -3,8 +3,8 @@
 import pytest_twisted
 from twisted.logger import formatEvent, globalLogPublisher
 
-from tests.admin_harness import start_service, write_config
-from tests.harness import MODEL, host_table, start_fakes
+from tests.support.admin_harness import start_service, write_config
+from tests.support.harness import MODEL, host_table, start_fakes
 
 HOST_KEY = "sk-host-0d1e2f"
 CLIENT_KEY = "sk-client-9a8b7c"

@@ -9,8 +9,8 @@ from twisted.internet.error import ConnectionRefusedError
 from twisted.web.client import ResponseFailed
 
 from crossbar.config.values import ConfigError
-from tests.admin_harness import start_service, write_config
-from tests.harness import MODEL, host_table, start_fakes, wait
+from tests.support.admin_harness import start_service, write_config
+from tests.support.harness import MODEL, host_table, start_fakes, wait
 
 
 def routes(*hosts: str) -> dict:

@@ -1,7 +1,6 @@
 """The service as twistd builds it, on a MemoryReactorClock: what it is made of, and in what
 order it starts and stops (no socket, no thread: the reactor only records)."""
 
-from lease_fakes import MemoryStore
 from twisted.application.internet import StreamServerEndpointService, TimerService
 from twisted.internet.error import CannotListenError
 from twisted.internet.testing import MemoryReactorClock
@@ -10,6 +9,7 @@ from crossbar.app.service import make_service
 from crossbar.app.tap import Options, makeService
 from crossbar.config.values import parse_config
 from crossbar.hosts.schedule import ProbeSchedule
+from tests.support.lease_fakes import MemoryStore
 
 CONFIG = {
     "server": {

@@ -3,7 +3,7 @@ usage another instance pruned, even when its own prune finds nothing left to del
 
 import pytest_twisted
 
-from tests.lease_fakes import open_store
+from tests.support.lease_fakes import open_store
 from tests.test_usage_rollups import DAY, NOW, roll_up_all, usage
 
 

@@ -16,7 +16,7 @@ from crossbar.store.reports import usage_series_rows, usage_totals_rows
 from crossbar.store.rollups import ROLLUP_LAG, roll_up
 from crossbar.store.settled import SettledRows
 from crossbar.store.setup import init_connection, migrate
-from tests.pg import need_postgres, pg_schema
+from tests.support.pg import need_postgres, pg_schema
 
 DAY = 86400.0
 NOW = 40 * DAY + 17.25  # not on a minute: bounds fall inside minutes and hours

@@ -9,12 +9,12 @@ import sys
 
 import pytest
 import pytest_twisted
-from lease_fakes import open_store
 
 from crossbar.leases.table import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store.database import StoreError
 from crossbar.store.setup import migrations
+from tests.support.lease_fakes import open_store
 
 
 def lease(route="r", fp="f", model="m", host="a", at=1.0, state=State.ACTIVE) -> Lease:

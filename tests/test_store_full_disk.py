@@ -15,7 +15,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from crossbar.demo.launch import free_ports
-from tests.harness import MODEL, start_fakes
+from tests.support.harness import MODEL, start_fakes
 from tests.test_twistd import TWISTD, config_text, until_status
 
 pytestmark = pytest.mark.skipif(

@@ -8,7 +8,6 @@ import threading
 
 import pytest
 import pytest_twisted
-from lease_fakes import open_store
 from twisted.internet import reactor
 from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.threads import deferToThreadPool
@@ -17,6 +16,7 @@ from crossbar.leases.table import Key, Lease, State
 from crossbar.leases.types import Change
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store.database import StoreError
+from tests.support.lease_fakes import open_store
 
 
 def new_lease(fp: str) -> Change:

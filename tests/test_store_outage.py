@@ -1,7 +1,7 @@
 """While the store cannot be written, crossbar goes on routing from memory, says so, refuses
 what it could not keep, and catches up by itself (in memory, on a Clock)."""
 
-from memnet import MODEL, chat, start
+from tests.support.memnet import MODEL, chat, start
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 CHAT = "/r/convo/v1/chat/completions"

@@ -7,11 +7,11 @@ import json
 import pytest_twisted
 from twisted.logger import formatEvent, globalLogPublisher
 
-from tests.admin_harness import conversation
-from tests.db_gate import DatabaseGate
-from tests.fleet import start_fleet, within
-from tests.harness import MODEL, start_fakes
-from tests.pg import need_postgres, pg_schema
+from tests.support.admin_harness import conversation
+from tests.support.db_gate import DatabaseGate
+from tests.support.fleet import start_fleet, within
+from tests.support.harness import MODEL, start_fakes
+from tests.support.pg import need_postgres, pg_schema
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

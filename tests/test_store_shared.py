@@ -3,11 +3,11 @@ writes that one instance wins, expiry that spares leases used elsewhere, the cha
 heartbeats."""
 
 import pytest_twisted
-from lease_fakes import open_store
 
 from crossbar.leases.types import Change, Key, Lease, State
 from crossbar.records import LeaseEvent
 from crossbar.store.database import InstanceRow
+from tests.support.lease_fakes import open_store
 
 K = Key("convo", "f1", "m")
 

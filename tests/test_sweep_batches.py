@@ -4,7 +4,6 @@ the reactor free between them, and a lease used meanwhile is spared."""
 from __future__ import annotations
 
 from attrs import define, field
-from lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
@@ -13,6 +12,7 @@ from crossbar.leases.expiry import SCAN_SLICE
 from crossbar.leases.journal import Journal
 from crossbar.leases.table import Key, Lease, State, Table
 from crossbar.leases.types import Change, Written
+from tests.support.lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 
 
 @define

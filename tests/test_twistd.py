@@ -13,7 +13,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from crossbar.demo.launch import free_ports
-from tests.harness import MODEL, start_fakes, wait
+from tests.support.harness import MODEL, start_fakes, wait
 
 TWISTD = str(pathlib.Path(sys.executable).parent / "twistd")
 

@@ -172,7 +172,7 @@ async def test_the_sweep_sums_a_day_of_backlog_per_run_and_prunes_raw_rows_after
 
     from crossbar.app.sweep import ROLLUP_STEPS, Sweep
     from crossbar.config.values import parse_config
-    from tests.lease_fakes import make_table
+    from tests.support.lease_fakes import make_table
 
     await fill(store)  # four days of rows
     before = without_percentiles(await store.usage_totals("route"))

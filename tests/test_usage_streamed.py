@@ -13,7 +13,7 @@ import json
 import pytest
 import pytest_twisted
 
-from tests.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
 
 OPENING = "You review parsers carefully and answer in short sentences. " * 4
 

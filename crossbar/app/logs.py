@@ -45,6 +45,6 @@ def log_request(row: UsageRow) -> None:
 
 
 def json_observer() -> Any:
-    """For `twistd --logger crossbar.app.json_observer`: JSON text sequences (RFC 7464: each
+    """For `twistd --logger crossbar.logs.json_observer`: JSON text sequences (RFC 7464: each
     record starts with 0x1E and ends with a newline) on stdout; read them with `jq --seq`."""
     return jsonFileLogObserver(sys.stdout)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from attrs import frozen
 
-from tests.harness import MODEL
+from tests.support.harness import MODEL
 
 CACHE = pathlib.Path(os.environ.get("AGENTS_CACHE", pathlib.Path.home() / ".cache/crossbar-agents"))
 BIN = CACHE / "node_modules/.bin"

@@ -16,7 +16,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from tests.agents.agents import QUIET, Agent
-from tests.harness import Crossbar, start_crossbar, start_fakes
+from tests.support.harness import Crossbar, start_crossbar, start_fakes
 
 SLOT = 32_768  # the hosts: Gemma 3 270M with -c 32768 -np 1
 SESSION_TIMEOUT = 240  # seconds; a session takes a few, OpenCode's first one about 40

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 import pytest_twisted
 
-from tests.harness import MODEL, Crossbar, start_crossbar, wait
 from tests.real.llamas import IN_CI, Fleet, Llama, missing, server_args
+from tests.support.harness import MODEL, Crossbar, start_crossbar, wait
 
 # The last resort against a hang: every wait in these tests is bounded well below this, and the
 # thread method ends the whole run (with every thread's stack) where a signal could not reach

@@ -14,7 +14,7 @@ import treq
 from attrs import define, field, frozen
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, Crossbar
+from tests.support.harness import MODEL, Crossbar
 
 CLIENT_TIMEOUT = 30.0  # seconds, for every SDK call
 CLAUDE = "claude-sonnet-4-5-20250929"  # the model name Claude Code sends

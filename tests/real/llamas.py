@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import LoopingCall, deferLater
 
 from crossbar.demo.launch import free_ports
-from tests.harness import MODEL
+from tests.support.harness import MODEL
 
 SERVER = os.environ.get("LLAMA_SERVER", "")
 GGUF = os.environ.get("LLAMA_MODEL", "")

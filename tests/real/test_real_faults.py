@@ -4,8 +4,8 @@ leaves in the middle of a long stream."""
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.harness import MODEL, until
 from tests.real.dialogue import OpenAIChat, openai_client, read_from_cache
+from tests.support.harness import MODEL, until
 
 LONG = 2000  # reply tokens: about a minute of generation on this machine's one thread
 

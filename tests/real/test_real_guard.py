@@ -10,8 +10,8 @@ import re
 import pytest
 import pytest_twisted
 
-from tests.harness import MODEL
 from tests.real.llamas import Fleet, Llama
+from tests.support.harness import MODEL
 
 SLOT = 512
 

@@ -8,8 +8,8 @@ least 80% of its prompt from atlas's cache.
 
 import pytest_twisted
 
-from tests.harness import MODEL
 from tests.real.dialogue import OpenAIChat
+from tests.support.harness import MODEL
 
 # A long opening, so the prompt is mostly history, as an agent's is.
 CONTEXT = " ".join(

@@ -10,8 +10,8 @@ import pathlib
 import pytest
 import pytest_twisted
 
-from tests.harness import start_crossbar
 from tests.real.llamas import GGUF, Fleet, Llama
+from tests.support.harness import start_crossbar
 
 NAME = "gemma-small"  # the router names a model after its file
 CTX, PARALLEL = 2048, 2

@@ -10,7 +10,6 @@ import itertools
 import pytest
 import pytest_twisted
 
-from tests.harness import MODEL
 from tests.real.dialogue import (
     CLAUDE,
     AnthropicMessages,
@@ -18,6 +17,7 @@ from tests.real.dialogue import (
     RawCompletion,
     read_from_cache,
 )
+from tests.support.harness import MODEL
 
 # The SDK warns about old Claude model names; the route's alias makes any name right.
 pytestmark = pytest.mark.filterwarnings("ignore:The model .* is deprecated:DeprecationWarning")

@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from attrs import define, field
-from lease_fakes import MemoryStore, run_now
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import HostnameEndpoint
@@ -32,6 +31,7 @@ from zope.interface import directlyProvides, implementer
 
 from crossbar.app.wiring import Parts, Sites, build_parts, make_sites
 from crossbar.config.values import parse_config
+from tests.support.lease_fakes import MemoryStore, run_now
 
 MODEL = "qwen-coder"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from attrs import frozen
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SHELL_COMMANDS = {
     *("crossbar", "curl", "make", "twistd", "export", "systemctl", "useradd", "sudo", "cd"),

@@ -14,7 +14,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from crossbar.app.service import CrossbarService
 from crossbar.config.values import load_config
 from crossbar.testing.fakellama import FakeLlama
-from tests.harness import MODEL, host_table, wait
+from tests.support.harness import MODEL, host_table, wait
 
 LOCAL = "tcp:0:interface=127.0.0.1"
 

@@ -13,8 +13,8 @@ from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.task import deferLater
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.admin_harness import Running, start_service, write_config
-from tests.harness import wait
+from tests.support.admin_harness import Running, start_service, write_config
+from tests.support.harness import wait
 
 
 @define
