@@ -6,7 +6,7 @@ and llama-server lets a request's `max_tokens` override its `-n` (server-context
 `task.params.n_predict != -1 ? task.params.n_predict : params_base.n_predict`), so Claude Code's
 default 32000 would mean half an hour of rambling per turn on one CPU thread: the session caps
 its replies with Claude Code's own CLAUDE_CODE_MAX_OUTPUT_TOKENS (the 32000-token request on a
-32k slot is served in tests/test_guard_served.py). A reply cut at the cap ends with
+32k slot is served in tests/proxy/test_guard_served.py). A reply cut at the cap ends with
 `max_tokens`, and Claude Code asks to go on (three times at most), each time with the whole
 conversation again, which is what the prompt cache is for: every request of the session on one
 host, and each after the first read at least 90% from that host's cache. The session succeeds

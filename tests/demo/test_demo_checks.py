@@ -9,7 +9,7 @@ from crossbar.demo.chat import Turn
 from crossbar.demo.checks import check_turns
 from crossbar.demo.plan import DemoError, endpoint_port, read_plan, rewrite
 
-DEMO = pathlib.Path(__file__).resolve().parent.parent / "examples" / "demo.toml"
+DEMO = pathlib.Path(__file__).resolve().parents[2] / "examples" / "demo.toml"
 
 
 def turn(conversation, number, host, lease, cached):

@@ -9,7 +9,7 @@ import pytest
 from crossbar.cli.main import main
 from crossbar.config.values import ConfigError, load_config
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "config.toml"
 BAD = """
 [server]

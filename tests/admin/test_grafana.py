@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import start_fakes, wait
 
-DASHBOARD = pathlib.Path(__file__).resolve().parent.parent / "docs" / "grafana" / "crossbar.json"
+DASHBOARD = pathlib.Path(__file__).resolve().parents[2] / "docs" / "grafana" / "crossbar.json"
 # PromQL's functions, aggregations and keywords the dashboard may use, and the label every
 # histogram bucket has.
 PROMQL = {

@@ -7,9 +7,9 @@ from twisted.internet import protocol, reactor
 from twisted.internet.defer import Deferred
 from twisted.logger import formatEvent, globalLogPublisher
 
+from tests.admin.test_metrics import scrape, total
 from tests.support.admin_harness import start_service, write_config
 from tests.support.harness import MODEL, start_fakes, wait
-from tests.test_metrics import scrape, total
 
 ROUTES = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 

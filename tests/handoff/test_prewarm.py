@@ -6,8 +6,8 @@ import pytest_twisted
 from twisted.internet.defer import Deferred
 
 from crossbar.handoff.prewarm import suppressed
+from tests.handoff.test_handoff_evacuate import opening
 from tests.support.harness import MODEL, start_crossbar, start_fakes, turn, until, wait
-from tests.test_handoff_evacuate import opening
 
 ROUTES = {"convo": {"hosts": ["a", "b"], "default_model": MODEL}}
 

@@ -14,7 +14,7 @@ import pytest
 
 from crossbar.app.tap import Options
 
-UNITS = pathlib.Path(__file__).resolve().parent.parent / "examples" / "systemd"
+UNITS = pathlib.Path(__file__).resolve().parents[2] / "examples" / "systemd"
 # Each unit and the config file it runs with.
 CONFIGS = {
     "crossbar.service": "/etc/crossbar/config.toml",

@@ -6,10 +6,10 @@ from twisted.internet.defer import ensureDeferred
 
 from crossbar.admin.metrics import UNKNOWN, route_label
 from crossbar.config.values import parse_config
+from tests.admin.test_metrics import scrape
+from tests.cli.test_ctl import ctl
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, host_table, start_fakes, until, wait
-from tests.test_ctl import ctl
-from tests.test_metrics import scrape
 
 ROUTES = {
     "batch": {"hosts": ["titan"], "default_model": MODEL, "weight": 2, "max_in_flight": 1,

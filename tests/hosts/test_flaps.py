@@ -5,11 +5,11 @@ factory noise."""
 from __future__ import annotations
 
 import pytest_twisted
-from test_hosts_http import closed_port, make_hosts, probe
 from twisted.logger import formatEvent, globalLogPublisher
 
 from crossbar.leases.chooser import Chooser, HostView, pick
 from crossbar.leases.table import Key, Table
+from tests.hosts.test_hosts_http import closed_port, make_hosts, probe
 from tests.support.fake_hosts import TITAN, LogCapture, World
 from tests.support.lease_fakes import FakeHosts, MemoryStore, run_now
 

@@ -12,8 +12,8 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from crossbar.handoff.rebalance import Rebalancer
+from tests.handoff.test_handoff_evacuate import opening
 from tests.support.harness import MODEL, start_crossbar, start_fakes, turn, until, wait
-from tests.test_handoff_evacuate import opening
 
 ROUTE = {
     "hosts": ["a", "b"],

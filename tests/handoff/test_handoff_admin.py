@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest_twisted
 
+from tests.cli.test_ctl import ctl
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, start_fakes
-from tests.test_ctl import ctl
 
 ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 

@@ -10,7 +10,7 @@ from twisted.internet.task import Clock
 from crossbar.config.limits import RouteLimits
 from crossbar.config.values import parse_config
 from crossbar.limiter.slots import Limiter, QueueFull, RouteQueueFull
-from tests.test_limiter import Outcome
+from tests.limiter.test_limiter import Outcome
 
 H, A, M = "titan", "atlas", "qwen"
 

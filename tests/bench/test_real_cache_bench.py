@@ -12,7 +12,7 @@ from twisted.internet import reactor
 from crossbar.testing.fakellama import FakeLlama
 
 # The benches import each other by module name, as run from bench/ (its own sys.path[0]).
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import real_cache  # noqa: E402

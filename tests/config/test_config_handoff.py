@@ -1,6 +1,6 @@
 """The warm hand-off's keys: sizes and durations read as the other keys are, errors by path."""
 
-from tests.test_config import config, errors_of
+from tests.config.test_config import config, errors_of
 
 
 def test_the_hand_off_is_off_by_default_and_its_keys_take_their_spec_units():

@@ -3,8 +3,8 @@ usage another instance pruned, even when its own prune finds nothing left to del
 
 import pytest_twisted
 
+from tests.store.test_usage_rollups import DAY, NOW, roll_up_all, usage
 from tests.support.lease_fakes import open_store
-from tests.test_usage_rollups import DAY, NOW, roll_up_all, usage
 
 
 @pytest_twisted.ensureDeferred

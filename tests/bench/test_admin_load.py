@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench" / "admin_load.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "admin_load.py"
 
 
 def test_the_dashboard_s_requests_at_100k_leases_do_not_stall_proxy_requests():

@@ -3,7 +3,7 @@
 import pathlib
 import re
 
-GUIDE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "client-guide.md"
+GUIDE = pathlib.Path(__file__).resolve().parents[2] / "docs" / "client-guide.md"
 CLIENTS = {
     "OpenAI SDK": "http://crossbar:8080/r/convo/v1",
     "Anthropic SDK and Claude Code": "ANTHROPIC_BASE_URL=http://crossbar:8080/r/convo",

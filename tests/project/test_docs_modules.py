@@ -4,7 +4,7 @@
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 CROSSBAR = ROOT / "crossbar"
 
 
