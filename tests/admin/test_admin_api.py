@@ -4,11 +4,9 @@ import pytest_twisted
 
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, start_fakes, turn
+from tests.support.routes import CONVO_AND_SOLO
 
-ROUTES = {
-    "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL},
-    "solo": {"hosts": ["titan"], "default_model": MODEL},
-}
+ROUTES = CONVO_AND_SOLO
 TEMPLATES = {"projects": {"match": "proj-*", "hosts": ["atlas"], "default_model": MODEL}}
 
 

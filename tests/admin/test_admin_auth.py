@@ -142,27 +142,24 @@ async def test_with_a_token_a_loopback_client_needs_it_too(offline_app):
 
 
 @pytest_twisted.ensureDeferred
-async def test_without_a_token_a_browser_page_from_elsewhere_cannot_use_the_api(tmp_path):
+async def test_without_a_token_a_browser_page_from_elsewhere_cannot_use_the_api(tmp_path, serve):
     # DNS rebinding (a name resolving to 127.0.0.1) and cross-site POSTs from a web page.
     fakes = await start_fakes("titan")
-    crossbar = await start_service(write_config(tmp_path / "c.toml", fakes, ROUTES), fakes)
-    try:
-        code, body, _ = await crossbar.call("GET", "/api/leases", Host="evil.example:8081")
-        assert code == 403 and "loopback names only" in body["error"]["message"]
-        code, body, _ = await crossbar.call(
-            "POST", "/api/hosts/titan/drain", Origin="http://evil.example"
-        )
-        assert code == 403 and "cross-site request" in body["error"]["message"]
-        assert not crossbar.parts.hosts.draining("titan")
-        port = crossbar.service.admin_port.getHost().port
-        code, body, _ = await crossbar.call(
-            "POST", "/api/hosts/titan/drain", Origin=f"http://127.0.0.1:{port}"
-        )
-        assert (code, body) == (200, {"host": "titan", "draining": True})
-        code, _, _ = await crossbar.call("GET", "/api/hosts", Host=f"localhost:{port}")
-        assert code == 200
-    finally:
-        await crossbar.stop()
+    crossbar = await serve(write_config(tmp_path / "c.toml", fakes, ROUTES), fakes)
+    code, body, _ = await crossbar.call("GET", "/api/leases", Host="evil.example:8081")
+    assert code == 403 and "loopback names only" in body["error"]["message"]
+    code, body, _ = await crossbar.call(
+        "POST", "/api/hosts/titan/drain", Origin="http://evil.example"
+    )
+    assert code == 403 and "cross-site request" in body["error"]["message"]
+    assert not crossbar.parts.hosts.draining("titan")
+    port = crossbar.service.admin_port.getHost().port
+    code, body, _ = await crossbar.call(
+        "POST", "/api/hosts/titan/drain", Origin=f"http://127.0.0.1:{port}"
+    )
+    assert (code, body) == (200, {"host": "titan", "draining": True})
+    code, _, _ = await crossbar.call("GET", "/api/hosts", Host=f"localhost:{port}")
+    assert code == 200
 
 
 @pytest_twisted.ensureDeferred

@@ -10,8 +10,9 @@ from crossbar.leases.table import Key, Lease, State
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, start_fakes
 from tests.support.lease_fakes import empty_table
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 TEMPLATES = {"teams": {"match": "team-*", "hosts": ["titan", "atlas"], "default_model": MODEL}}
 
 

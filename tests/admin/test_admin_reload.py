@@ -4,8 +4,9 @@ import pytest_twisted
 
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, host_table, start_fakes
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 
 
 @pytest_twisted.async_yield_fixture

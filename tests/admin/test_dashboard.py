@@ -11,13 +11,11 @@ from twisted.internet.threads import deferToThread
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.browser import CHROMIUM, element, render
 from tests.support.harness import MODEL, start_fakes, turn, until, wait
+from tests.support.routes import CONVO_AND_SOLO
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed")
 
-ROUTES = {
-    "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL},
-    "solo": {"hosts": ["titan"], "default_model": MODEL},
-}
+ROUTES = CONVO_AND_SOLO
 
 
 @pytest_twisted.async_yield_fixture

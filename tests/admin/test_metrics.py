@@ -16,8 +16,9 @@ from crossbar.records import LeaseEvent, UsageRow
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, start_fakes, turn, until, wait
 from tests.support.lease_fakes import FakeHosts, MemoryStore
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 
 
 @pytest_twisted.async_yield_fixture

@@ -8,8 +8,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from crossbar.records import UsageRow
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, host_table, start_fakes
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 TEMPLATES = {"teams": {"match": "team-*", "hosts": ["titan", "atlas"], "default_model": MODEL}}
 
 

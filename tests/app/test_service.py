@@ -67,41 +67,37 @@ async def test_a_restart_keeps_every_conversation_on_its_host_even_with_a_new_pr
 
 
 @pytest_twisted.ensureDeferred
-async def test_hosts_are_probed_and_discovered_before_the_port_opens(tmp_path):
+async def test_hosts_are_probed_and_discovered_before_the_port_opens(tmp_path, serve):
     fakes = await start_fakes("titan", parallel=3, ctx=2048)
     # No parallel or ctx in the config: both must come from /props before traffic.
     path = write_config(tmp_path / "c.toml", fakes, routes("titan"), hosts=host_table(fakes))
-    running = await start_service(path, fakes)
-    try:
-        hosts = running.parts.hosts
-        assert (hosts.parallel("titan", MODEL), hosts.ctx("titan", MODEL)) == (3, 2048)
-        assert fakes["titan"].counters.requests["/health"] >= 1
-    finally:
-        await running.stop()
+    running = await serve(path, fakes)
+    hosts = running.parts.hosts
+    assert (hosts.parallel("titan", MODEL), hosts.ctx("titan", MODEL)) == (3, 2048)
+    assert fakes["titan"].counters.requests["/health"] >= 1
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_reload_with_a_bad_file_is_refused_and_the_old_config_keeps_serving(tmp_path):
+async def test_a_reload_with_a_bad_file_is_refused_and_the_old_config_keeps_serving(
+    tmp_path, serve
+):
     fakes = await start_fakes("titan", "atlas")
     path = write_config(tmp_path / "d.toml", fakes, routes("titan"))
-    running = await start_service(path, fakes)
-    try:
-        path.write_text(path.read_text() + '\n[routes.broken]\nhosts = ["tytan"]\naffinity = "x"\n')
-        with pytest.raises(ConfigError) as info:
-            await running.service.reload()
-        assert info.value.errors == [
-            'routes.broken.affinity: must be "conversation" or "route"',
-            'routes.broken.hosts: unknown host "tytan"',
-        ]
-        response, _ = await chat(running, "still serving?")
-        assert response.code == 200 and host_of(response) == "titan"
-
-        write_config(path, fakes, routes("atlas"))
+    running = await serve(path, fakes)
+    path.write_text(path.read_text() + '\n[routes.broken]\nhosts = ["tytan"]\naffinity = "x"\n')
+    with pytest.raises(ConfigError) as info:
         await running.service.reload()
-        response, _ = await chat(running, "a new conversation after a good reload")
-        assert host_of(response) == "atlas"
-    finally:
-        await running.stop()
+    assert info.value.errors == [
+        'routes.broken.affinity: must be "conversation" or "route"',
+        'routes.broken.hosts: unknown host "tytan"',
+    ]
+    response, _ = await chat(running, "still serving?")
+    assert response.code == 200 and host_of(response) == "titan"
+
+    write_config(path, fakes, routes("atlas"))
+    await running.service.reload()
+    response, _ = await chat(running, "a new conversation after a good reload")
+    assert host_of(response) == "atlas"
 
 
 @pytest_twisted.ensureDeferred
@@ -137,46 +133,42 @@ async def start_stream(running, max_tokens: int):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_graceful_stop_lets_a_running_stream_finish_and_refuses_new_clients(tmp_path):
+async def test_a_graceful_stop_lets_a_running_stream_finish_and_refuses_new_clients(
+    tmp_path, serve
+):
     fakes = await start_fakes("titan", tokens_per_second=40)
     path = write_config(
         tmp_path / "f.toml", fakes, routes("titan"), server={"shutdown_grace": "10s"}
     )
-    running = await start_service(path, fakes)
-    try:
-        text = await start_stream(running, max_tokens=12)
-        health = f"{running.proxy_url}/r/convo/health"
-        assert fakes["titan"].counters.completions == []  # still streaming as the stop begins
-        await wait(running.service.stopService(), 20)
-        (completion,) = fakes["titan"].counters.completions
-        assert completion.outcome == "done"  # the stop waited for it
-        assert (await wait(text)).rstrip().endswith(b"data: [DONE]")
-        with pytest.raises(ConnectionRefusedError):
-            await wait(treq.get(health, persistent=False), 5)
-    finally:
-        await running.stop()
+    running = await serve(path, fakes)
+    text = await start_stream(running, max_tokens=12)
+    health = f"{running.proxy_url}/r/convo/health"
+    assert fakes["titan"].counters.completions == []  # still streaming as the stop begins
+    await wait(running.service.stopService(), 20)
+    (completion,) = fakes["titan"].counters.completions
+    assert completion.outcome == "done"  # the stop waited for it
+    assert (await wait(text)).rstrip().endswith(b"data: [DONE]")
+    with pytest.raises(ConnectionRefusedError):
+        await wait(treq.get(health, persistent=False), 5)
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_stop_past_the_grace_period_aborts_what_is_left(tmp_path):
+async def test_a_stop_past_the_grace_period_aborts_what_is_left(tmp_path, serve):
     fakes = await start_fakes("titan", tokens_per_second=5)
     path = write_config(
         tmp_path / "g.toml", fakes, routes("titan"), server={"shutdown_grace": "200ms"}
     )
-    running = await start_service(path, fakes)
+    running = await serve(path, fakes)
     rows = []
     running.parts.usage.observers.append(rows.append)
-    try:
-        text = await start_stream(running, max_tokens=200)
-        text.addErrback(lambda f: f.trap(ResponseFailed) and None)  # the body is cut
-        await wait(running.service.stopService(), 10)
-        # The stop returned after the grace, its request already aborted and accounted: the
-        # client's connection is closed (no waiting out a client timeout).
-        assert await text is None
-        (row,) = rows
-        assert (row.status, row.error) == (200, "shutdown")
-        await wait(fakes["titan"].settle(), 5)
-        (completion,) = fakes["titan"].counters.completions
-        assert completion.outcome == "aborted"
-    finally:
-        await running.stop()
+    text = await start_stream(running, max_tokens=200)
+    text.addErrback(lambda f: f.trap(ResponseFailed) and None)  # the body is cut
+    await wait(running.service.stopService(), 10)
+    # The stop returned after the grace, its request already aborted and accounted: the
+    # client's connection is closed (no waiting out a client timeout).
+    assert await text is None
+    (row,) = rows
+    assert (row.status, row.error) == (200, "shutdown")
+    await wait(fakes["titan"].settle(), 5)
+    (completion,) = fakes["titan"].counters.completions
+    assert completion.outcome == "aborted"

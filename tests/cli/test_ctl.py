@@ -11,10 +11,10 @@ from twisted.internet.threads import deferToThread
 from crossbar.cli.ctl import table
 from crossbar.cli.main import build_parser, main
 from tests.support.admin_harness import conversation, start_service, write_config
-from tests.support.fleet import start_fleet
 from tests.support.harness import MODEL, start_fakes, wait
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 
 
 def _run(argv: list[str]) -> tuple[int, str, str]:
@@ -157,25 +157,24 @@ async def test_a_refused_reload_prints_every_error(crossbar):
 
 
 @pytest_twisted.ensureDeferred
-async def test_token_from_the_environment_and_a_clear_error_without_it(tmp_path, monkeypatch):
+async def test_token_from_the_environment_and_a_clear_error_without_it(
+    tmp_path, monkeypatch, serve
+):
     fakes = await start_fakes("titan")
     path = write_config(tmp_path / "c.toml", fakes, ROUTES | {"convo": {"hosts": ["titan"]}},
                         server={"admin_token": "t0ken"})  # fmt: skip
-    crossbar = await start_service(path, fakes, token="t0ken")
-    try:
-        code, _, err = await ctl(crossbar, "hosts")
-        assert code == 1
-        assert err == (
-            "crossbar ctl: 401: the admin API needs an Authorization: Bearer <admin_token> header\n"
-        )
-        monkeypatch.setenv("CROSSBAR_ADMIN_TOKEN", "t0ken")
-        assert (await ctl(crossbar, "hosts"))[0] == 0
-        assert (await ctl(crossbar, "hosts", "--token", "wrong"))[2].endswith("wrong admin token\n")
-        monkeypatch.setenv("CROSSBAR_ADMIN", crossbar.admin_url)
-        code, out, _ = await wait(deferToThread(_run, ["ctl", "hosts"]))
-        assert code == 0 and out.startswith("HOST")
-    finally:
-        await crossbar.stop()
+    crossbar = await serve(path, fakes, token="t0ken")
+    code, _, err = await ctl(crossbar, "hosts")
+    assert code == 1
+    assert err == (
+        "crossbar ctl: 401: the admin API needs an Authorization: Bearer <admin_token> header\n"
+    )
+    monkeypatch.setenv("CROSSBAR_ADMIN_TOKEN", "t0ken")
+    assert (await ctl(crossbar, "hosts"))[0] == 0
+    assert (await ctl(crossbar, "hosts", "--token", "wrong"))[2].endswith("wrong admin token\n")
+    monkeypatch.setenv("CROSSBAR_ADMIN", crossbar.admin_url)
+    code, out, _ = await wait(deferToThread(_run, ["ctl", "hosts"]))
+    assert code == 0 and out.startswith("HOST")
 
 
 def test_an_unreachable_crossbar_is_one_line_and_exit_1():
@@ -200,31 +199,28 @@ def test_tables_align_columns_and_right_align_numbers():
 
 
 @pytest_twisted.ensureDeferred
-async def test_instances_lists_everyone_sharing_the_store_and_marks_who_answered(tmp_path):
-    fleet = await start_fleet(
+async def test_instances_lists_everyone_sharing_the_store_and_marks_who_answered(tmp_path, fleets):
+    fleet = await fleets(
         tmp_path, str(tmp_path / "shared.db"), await start_fakes("titan", "atlas"), ROUTES
     )
     a, b = fleet.instances
-    try:
-        code, out, err = await ctl(a, "instances")
-        assert (code, err) == (0, "")
-        lines = out.splitlines()
-        assert lines[0].split() == [
-            "INSTANCE", "STATE", "ADDRESS", "VERSION", "CONFIG", "STARTED", "HEARTBEAT",
-            "IN_FLIGHT",
-        ]  # fmt: skip
-        rows = [line.split() for line in lines[1:3]]
-        ids = {a.parts.instances.id, b.parts.instances.id}
-        assert {row[0] for row in rows} == ids
-        (me,) = [row for row in rows if row[1] == "*"]
-        assert me[0] == a.parts.instances.id
-        assert all("alive" in row for row in rows)
-        assert "DIFFERS" not in out  # both read the same routes and hosts
-        assert lines[-1] == "(* the instance that answered)"
-        code, out, _ = await ctl(b, "--json", "instances")
-        assert json.loads(out)["this"] == b.parts.instances.id
-    finally:
-        await fleet.stop()
+    code, out, err = await ctl(a, "instances")
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "INSTANCE", "STATE", "ADDRESS", "VERSION", "CONFIG", "STARTED", "HEARTBEAT",
+        "IN_FLIGHT",
+    ]  # fmt: skip
+    rows = [line.split() for line in lines[1:3]]
+    ids = {a.parts.instances.id, b.parts.instances.id}
+    assert {row[0] for row in rows} == ids
+    (me,) = [row for row in rows if row[1] == "*"]
+    assert me[0] == a.parts.instances.id
+    assert all("alive" in row for row in rows)
+    assert "DIFFERS" not in out  # both read the same routes and hosts
+    assert lines[-1] == "(* the instance that answered)"
+    code, out, _ = await ctl(b, "--json", "instances")
+    assert json.loads(out)["this"] == b.parts.instances.id
 
 
 def test_events_leaves_the_limit_to_the_api_unless_one_is_given():

@@ -157,22 +157,19 @@ async def test_top_shows_slots_traffic_and_moves_refreshes_and_quits_on_q(tmp_pa
 
 
 @pytest_twisted.ensureDeferred
-async def test_once_prints_one_plain_frame_for_scripts(tmp_path):
+async def test_once_prints_one_plain_frame_for_scripts(tmp_path, serve):
     fakes = await start_fakes("titan")
     routes = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
-    running = await start_service(write_config(tmp_path / "c.toml", fakes, routes), fakes)
-    try:
-        await running.chat("convo", conversation("a"))
+    running = await serve(write_config(tmp_path / "c.toml", fakes, routes), fakes)
+    await running.chat("convo", conversation("a"))
 
-        def once() -> tuple[int, str]:
-            out = io.StringIO()
-            with contextlib.redirect_stdout(out):
-                code = main(["ctl", "--admin", running.admin_url, "top", "--once"])
-            return code, out.getvalue()
+    def once() -> tuple[int, str]:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["ctl", "--admin", running.admin_url, "top", "--once"])
+        return code, out.getvalue()
 
-        code, text = await wait(deferToThread(once), 30)
-        assert code == 0 and "\x1b" not in text
-        assert row(text, "titan")[:5] == ["titan", "healthy", MODEL, "-", "0/2"]
-        assert row(text, "convo")[2] == "1" and "recent moves: none" in text
-    finally:
-        await running.stop()
+    code, text = await wait(deferToThread(once), 30)
+    assert code == 0 and "\x1b" not in text
+    assert row(text, "titan")[:5] == ["titan", "healthy", MODEL, "-", "0/2"]
+    assert row(text, "convo")[2] == "1" and "recent moves: none" in text

@@ -6,9 +6,10 @@ import pytest_twisted
 
 from tests.cli.test_ctl import ctl
 from tests.support.admin_harness import conversation, start_service, write_config
-from tests.support.harness import MODEL, start_fakes
+from tests.support.harness import start_fakes
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 
 
 async def service_with_conversations(tmp_path, names):

@@ -12,7 +12,7 @@ import pytest_twisted
 from attrs import define, field
 from twisted.internet.threads import deferToThread
 
-from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, wait
+from tests.support.harness import MODEL, Crossbar, start_fakes, wait
 
 CLAUDE = "claude-sonnet-4-5-20250929"
 SYSTEM = "You are Claude Code, working in a repository."
@@ -68,25 +68,24 @@ ROUTES = {"convo": {"hosts": ["titan", "atlas"], "aliases": {"claude-*": MODEL}}
 
 @pytest.mark.parametrize("stream", [False, True], ids=["messages", "streamed"])
 @pytest_twisted.ensureDeferred
-async def test_each_conversation_keeps_its_host_and_reads_more_from_its_cache_each_turn(stream):
-    crossbar = await start_crossbar(await start_fakes("titan", "atlas"), ROUTES)
-    try:
-        convos = [Conversation(crossbar, stream), Conversation(crossbar, stream)]
-        turns: list[list[Turn]] = [[], []]
-        schedule = [(0, "Read parser.py."), (1, "Read lexer.py."), (0, "Now refactor it.")]
-        schedule += [(1, "Add a test."), (0, "Run the tests."), (1, "Commit it.")]
-        for n, text in schedule:
-            turns[n].append(await convos[n].say(f"Task {n}: {text}"))
-        homes = [{t.host for t in seen} for seen in turns]
-        assert all(len(h) == 1 for h in homes) and homes[0] != homes[1], turns
-        for seen in turns:
-            assert seen[0].cache_read == 0
-            for before, now in itertools.pairwise(seen):
-                # The whole previous prompt and reply came from the cache; only the new turn
-                # was read anew.
-                assert now.cache_read > before.cache_read + before.input_tokens, seen
-        assert len(crossbar.parts.table.snapshot("convo")) == 2  # a lease per conversation
-        hits = crossbar.parts.metrics.cache_hit_ratios()["convo"]
-        assert hits > 0.5  # crossbar read the same usage the SDK did
-    finally:
-        await crossbar.stop()
+async def test_each_conversation_keeps_its_host_and_reads_more_from_its_cache_each_turn(
+    stream, launch
+):
+    crossbar = await launch(await start_fakes("titan", "atlas"), ROUTES)
+    convos = [Conversation(crossbar, stream), Conversation(crossbar, stream)]
+    turns: list[list[Turn]] = [[], []]
+    schedule = [(0, "Read parser.py."), (1, "Read lexer.py."), (0, "Now refactor it.")]
+    schedule += [(1, "Add a test."), (0, "Run the tests."), (1, "Commit it.")]
+    for n, text in schedule:
+        turns[n].append(await convos[n].say(f"Task {n}: {text}"))
+    homes = [{t.host for t in seen} for seen in turns]
+    assert all(len(h) == 1 for h in homes) and homes[0] != homes[1], turns
+    for seen in turns:
+        assert seen[0].cache_read == 0
+        for before, now in itertools.pairwise(seen):
+            # The whole previous prompt and reply came from the cache; only the new turn
+            # was read anew.
+            assert now.cache_read > before.cache_read + before.input_tokens, seen
+    assert len(crossbar.parts.table.snapshot("convo")) == 2  # a lease per conversation
+    hits = crossbar.parts.metrics.cache_hit_ratios()["convo"]
+    assert hits > 0.5  # crossbar read the same usage the SDK did

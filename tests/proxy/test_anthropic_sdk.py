@@ -242,26 +242,23 @@ async def test_500_when_crossbar_itself_fails_is_api_error_without_internals():
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_prompt_over_the_context_is_invalid_request_error_counted_by_the_host():
-    crossbar = await start_crossbar(await start_fakes("titan"), {"convo": ROUTES["convo"]}, ctx=64)
-    try:
-        # Near the limit by crossbar's estimate, so the host counts it exactly: over.
-        long = [{"role": "user", "content": "word " * 70}]
-        error = await refused(send(sdk(crossbar, "convo"), messages=long))
-        fake = crossbar.fakes["titan"]
-        prompt = len(fake.chat_prompt(long))  # as the host counted it
-        check(
-            error,
-            anthropic.BadRequestError,
-            400,
-            "invalid_request_error",
-            f"this prompt needs {prompt} tokens, more than fit the 64-token context of a slot on "
-            "host titan (a prompt must leave room for one reply token): shorten the conversation",
-        )
-        assert fake.counters.requests["/v1/messages/count_tokens"] == 1
-        assert fake.counters.requests["/v1/messages"] == 0
-    finally:
-        await crossbar.stop()
+async def test_a_prompt_over_the_context_is_invalid_request_error_counted_by_the_host(launch):
+    crossbar = await launch(await start_fakes("titan"), {"convo": ROUTES["convo"]}, ctx=64)
+    # Near the limit by crossbar's estimate, so the host counts it exactly: over.
+    long = [{"role": "user", "content": "word " * 70}]
+    error = await refused(send(sdk(crossbar, "convo"), messages=long))
+    fake = crossbar.fakes["titan"]
+    prompt = len(fake.chat_prompt(long))  # as the host counted it
+    check(
+        error,
+        anthropic.BadRequestError,
+        400,
+        "invalid_request_error",
+        f"this prompt needs {prompt} tokens, more than fit the 64-token context of a slot on "
+        "host titan (a prompt must leave room for one reply token): shorten the conversation",
+    )
+    assert fake.counters.requests["/v1/messages/count_tokens"] == 1
+    assert fake.counters.requests["/v1/messages"] == 0
 
 
 @pytest_twisted.ensureDeferred

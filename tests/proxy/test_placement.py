@@ -43,24 +43,23 @@ async def fakes_with_discovered_slots():
 
 
 @pytest_twisted.ensureDeferred
-async def test_thirty_conversations_at_once_right_after_start_spread_evenly(tmp_path, shared_url):
+async def test_thirty_conversations_at_once_right_after_start_spread_evenly(
+    tmp_path, shared_url, serve
+):
     fakes = await fakes_with_discovered_slots()
     path = write_config(
         tmp_path / "c.toml", fakes, ROUTES, server={"db": shared_url}, hosts=host_table(fakes)
     )
-    running = await start_service(path, fakes)  # every host probed before the port opened
-    try:
-        assert all(running.parts.hosts.knows_parallel(h, MODEL) for h in HOSTS)
-        first = await burst([running], 30, "first")
-        assert even(first, 30), first
-        # In steady state too: a second burst over hosts already holding ten leases each.
-        second = await burst([running], 30, "second")
-        assert even(second, 30), second
-        held = Counter(x.host for x in running.parts.table.snapshot())
-        assert even(held, 60), held
-        assert running.parts.table.placing("h0", MODEL) == 0  # every reservation given back
-    finally:
-        await running.stop()
+    running = await serve(path, fakes)  # every host probed before the port opened
+    assert all(running.parts.hosts.knows_parallel(h, MODEL) for h in HOSTS)
+    first = await burst([running], 30, "first")
+    assert even(first, 30), first
+    # In steady state too: a second burst over hosts already holding ten leases each.
+    second = await burst([running], 30, "second")
+    assert even(second, 30), second
+    held = Counter(x.host for x in running.parts.table.snapshot())
+    assert even(held, 60), held
+    assert running.parts.table.placing("h0", MODEL) == 0  # every reservation given back
 
 
 @pytest_twisted.ensureDeferred
@@ -119,59 +118,55 @@ def long_opening(name: str) -> list[dict[str, str]]:
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_eviction_is_counted_and_the_cold_conversation_moves_at_its_next_turn(tmp_path):
+async def test_an_eviction_is_counted_and_the_cold_conversation_moves_at_its_next_turn(
+    tmp_path, serve
+):
     # One slot each and no idle caches: a host keeps one conversation warm at a time.
     fakes = await start_fakes("titan", "atlas", parallel=1, cache_slots=0)
     routes = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
-    running = await start_service(write_config(tmp_path / "c.toml", fakes, routes), fakes)
-    try:
-        hosts, store = running.parts.hosts, running.parts.store
-        await hosts.drain("atlas")  # both conversations start on titan
-        a, b = long_opening("a"), long_opening("b")
-        assert (await running.chat("convo", a))[0] == "titan"
-        assert (await running.chat("convo", b))[0] == "titan"  # b takes titan's one slot
-        await hosts.undrain("atlas")
-        a2 = [*a, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-        assert (await running.chat("convo", a2))[0] == "titan"  # its lease decides; a is cold
-        cache = (await running.get("/api/hosts"))["hosts"][0]["cache"]
-        assert (cache["evictions"], cache["kept_turns"]) == (1, 0)
-        assert cache["warm_capacity_source"] == "learned" and cache["warm_capacity"] > 0
-        # It pays the prefill wherever its next turn goes: there, it moves to the host with
-        # room to keep it warm.
-        a3 = [*a2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
-        assert (await running.chat("convo", a3))[0] == "atlas"
-        moves = [(e.reason, e.from_host, e.to_host) for e in await store.list_events() if e.fp]
-        assert moves[0] == ("cold", "titan", "atlas")
-        # b had lost titan's slot to a's second turn: cold too, but titan, which a left, is
-        # now the best place for it; it stays, and from then on titan keeps it.
-        b2 = [*b, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-        assert (await running.chat("convo", b2))[0] == "titan"
-        b3 = [*b2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
-        assert (await running.chat("convo", b3))[0] == "titan"
-        metrics = (await running.call("GET", "/metrics"))[1]
-        assert 'crossbar_cache_evictions_total{host="titan"} 2.0' in metrics
-        assert 'crossbar_cache_kept_turns_total{host="titan"} 1.0' in metrics
-        assert 'crossbar_cache_kept_turns_total{host="atlas"} 0.0' in metrics
-    finally:
-        await running.stop()
+    running = await serve(write_config(tmp_path / "c.toml", fakes, routes), fakes)
+    hosts, store = running.parts.hosts, running.parts.store
+    await hosts.drain("atlas")  # both conversations start on titan
+    a, b = long_opening("a"), long_opening("b")
+    assert (await running.chat("convo", a))[0] == "titan"
+    assert (await running.chat("convo", b))[0] == "titan"  # b takes titan's one slot
+    await hosts.undrain("atlas")
+    a2 = [*a, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    assert (await running.chat("convo", a2))[0] == "titan"  # its lease decides; a is cold
+    cache = (await running.get("/api/hosts"))["hosts"][0]["cache"]
+    assert (cache["evictions"], cache["kept_turns"]) == (1, 0)
+    assert cache["warm_capacity_source"] == "learned" and cache["warm_capacity"] > 0
+    # It pays the prefill wherever its next turn goes: there, it moves to the host with
+    # room to keep it warm.
+    a3 = [*a2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    assert (await running.chat("convo", a3))[0] == "atlas"
+    moves = [(e.reason, e.from_host, e.to_host) for e in await store.list_events() if e.fp]
+    assert moves[0] == ("cold", "titan", "atlas")
+    # b had lost titan's slot to a's second turn: cold too, but titan, which a left, is
+    # now the best place for it; it stays, and from then on titan keeps it.
+    b2 = [*b, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    assert (await running.chat("convo", b2))[0] == "titan"
+    b3 = [*b2, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "again"}]
+    assert (await running.chat("convo", b3))[0] == "titan"
+    metrics = (await running.call("GET", "/metrics"))[1]
+    assert 'crossbar_cache_evictions_total{host="titan"} 2.0' in metrics
+    assert 'crossbar_cache_kept_turns_total{host="titan"} 1.0' in metrics
+    assert 'crossbar_cache_kept_turns_total{host="atlas"} 0.0' in metrics
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_reload_probes_the_hosts_it_adds_before_anything_is_placed_on_them(tmp_path):
+async def test_a_reload_probes_the_hosts_it_adds_before_anything_is_placed_on_them(tmp_path, serve):
     fakes = await fakes_with_discovered_slots()
     routes = {"convo": {"hosts": ["h0", "h1"], "default_model": MODEL}}
     two = {name: fakes[name] for name in ("h0", "h1")}
     path = write_config(tmp_path / "c.toml", two, routes, hosts=host_table(two))
-    running = await start_service(path, fakes)
-    try:
-        assert even_over(await burst([running], 4, "before"), ("h0", "h1"), 4)
-        write_config(path, fakes, ROUTES, hosts=host_table(fakes))
-        code, answer, _ = await running.call("POST", "/api/reload")
-        assert code == 200, answer
-        # Probed while the reload ran: its slots are known, nothing about it is a guess.
-        assert running.parts.hosts.knows_parallel("h2", MODEL)
-        assert running.parts.hosts.parallel("h2", MODEL) == 4
-        # The new host is the least loaded: the next conversations go there first.
-        assert await burst([running], 2, "after") == Counter({"h2": 2})
-    finally:
-        await running.stop()
+    running = await serve(path, fakes)
+    assert even_over(await burst([running], 4, "before"), ("h0", "h1"), 4)
+    write_config(path, fakes, ROUTES, hosts=host_table(fakes))
+    code, answer, _ = await running.call("POST", "/api/reload")
+    assert code == 200, answer
+    # Probed while the reload ran: its slots are known, nothing about it is a guess.
+    assert running.parts.hosts.knows_parallel("h2", MODEL)
+    assert running.parts.hosts.parallel("h2", MODEL) == 4
+    # The new host is the least loaded: the next conversations go there first.
+    assert await burst([running], 2, "after") == Counter({"h2": 2})

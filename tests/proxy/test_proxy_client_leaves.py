@@ -10,8 +10,9 @@ import json
 import pytest_twisted
 
 from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 
 
 @pytest_twisted.ensureDeferred

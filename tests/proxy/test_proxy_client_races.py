@@ -11,8 +11,9 @@ import pytest
 from twisted.logger import globalLogPublisher
 
 from tests.support.memnet import MODEL, chat, start
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 CHAT = "/r/convo/v1/chat/completions"
 
 

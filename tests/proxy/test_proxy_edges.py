@@ -10,7 +10,7 @@ from twisted.web.client import ResponseFailed
 
 from crossbar.wire.dialects import classify as dialect_of
 from crossbar.wire.upstream import classify
-from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_fakes, until, wait
 
 ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
 
@@ -23,9 +23,9 @@ def chat(n_words=3, **extra):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_client_leaving_during_the_exact_count_never_sends_its_request():
+async def test_a_client_leaving_during_the_exact_count_never_sends_its_request(launch):
     fakes = await start_fakes("titan", ctx=1000)
-    crossbar = await start_crossbar(fakes, ONE, ctx=1000)
+    crossbar = await launch(fakes, ONE, ctx=1000)
     counting = Deferred()
     real_send = crossbar.parts.upstream.send
 
@@ -37,53 +37,42 @@ async def test_a_client_leaving_during_the_exact_count_never_sends_its_request()
     crossbar.parts.upstream.send = send
     rows = []
     crossbar.parts.usage.observers.append(rows.append)
-    try:
-        leaving = crossbar.client().post(
-            crossbar.url("convo", "/v1/chat/completions"), data=chat(950)
-        )
-        await until(lambda: crossbar.parts.guard.exact_counts == 1)
-        leaving.addErrback(lambda _: None)  # the client's own side of hanging up
-        leaving.cancel()
-        await until(lambda: len(rows) == 1)
-        assert rows[0].error == "client disconnected"
-        assert fakes["titan"].counters.requests["/v1/chat/completions"] == 0
-        assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
-    finally:
-        await crossbar.stop()
+    leaving = crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat(950))
+    await until(lambda: crossbar.parts.guard.exact_counts == 1)
+    leaving.addErrback(lambda _: None)  # the client's own side of hanging up
+    leaving.cancel()
+    await until(lambda: len(rows) == 1)
+    assert rows[0].error == "client disconnected"
+    assert fakes["titan"].counters.requests["/v1/chat/completions"] == 0
+    assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_host_silent_on_a_pooled_connection_is_not_asked_twice():
+async def test_a_host_silent_on_a_pooled_connection_is_not_asked_twice(launch):
     fakes = await start_fakes("titan")
-    crossbar = await start_crossbar(fakes, ONE, server={"upstream_idle_timeout": "300ms"})
-    try:
-        first = await wait(
-            crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat())
-        )
-        await first.content()  # leaves a pooled connection to titan
-        fakes["titan"].faults.hang = True
-        second = await wait(
-            crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat())
-        )
-        await second.content()
-        assert second.code == 504
-        assert fakes["titan"].counters.requests["/v1/chat/completions"] == 2  # not 3
-    finally:
-        await crossbar.stop()
+    crossbar = await launch(fakes, ONE, server={"upstream_idle_timeout": "300ms"})
+    first = await wait(
+        crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat())
+    )
+    await first.content()  # leaves a pooled connection to titan
+    fakes["titan"].faults.hang = True
+    second = await wait(
+        crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=chat())
+    )
+    await second.content()
+    assert second.code == 504
+    assert fakes["titan"].counters.requests["/v1/chat/completions"] == 2  # not 3
 
 
 @pytest_twisted.ensureDeferred
-async def test_answers_crossbar_gives_itself_are_accounted_as_200():
-    crossbar = await start_crossbar(await start_fakes("titan"), ONE)
+async def test_answers_crossbar_gives_itself_are_accounted_as_200(launch):
+    crossbar = await launch(await start_fakes("titan"), ONE)
     rows = []
     crossbar.parts.usage.observers.append(rows.append)
-    try:
-        for path in ("/v1/models", "/health"):
-            response = await wait(crossbar.client().get(crossbar.url("convo", path)))
-            await response.content()
-        assert [(r.path, r.status) for r in rows] == [("/v1/models", 200), ("/health", 200)]
-    finally:
-        await crossbar.stop()
+    for path in ("/v1/models", "/health"):
+        response = await wait(crossbar.client().get(crossbar.url("convo", path)))
+        await response.content()
+    assert [(r.path, r.status) for r in rows] == [("/v1/models", 200), ("/health", 200)]
 
 
 def test_a_head_cut_short_is_a_reset_and_only_a_failed_connect_says_the_host_is_down():

@@ -120,28 +120,25 @@ async def test_errors_on_anthropic_messages_come_in_anthropics_shape(
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_full_queue_says_so_with_its_status_phrase_and_retry_after():
+async def test_a_full_queue_says_so_with_its_status_phrase_and_retry_after(launch):
     fakes = await start_fakes("titan", tokens_per_second=20)
-    crossbar = await start_crossbar(
+    crossbar = await launch(
         fakes, {"convo": {"hosts": ["titan"]}}, server={"queue_max": 0}, parallel=1
     )
-    try:
-        body = json.dumps(
-            {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "x"}]}
-        ).encode()
-        slow = crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=body)
-        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
-        head = b"POST /r/convo/v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-        head += b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
-        reply = await wait(deferToThread(raw_exchange, crossbar.port.getHost().port, head, body))
-        status, _, rest = reply.partition(b"\r\n")
-        assert status == b"HTTP/1.1 429 Too Many Requests"
-        assert b"\r\nRetry-After: " in rest
-        error = json.loads(rest.split(b"\r\n\r\n", 1)[1])
-        assert error["error"]["type"] == "rate_limit_error" and error["type"] == "error"
-        await wait((await wait(slow)).content())
-    finally:
-        await crossbar.stop()
+    body = json.dumps(
+        {"model": MODEL, "max_tokens": 20, "messages": [{"role": "user", "content": "x"}]}
+    ).encode()
+    slow = crossbar.client().post(crossbar.url("convo", "/v1/chat/completions"), data=body)
+    await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
+    head = b"POST /r/convo/v1/messages HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    head += b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+    reply = await wait(deferToThread(raw_exchange, crossbar.port.getHost().port, head, body))
+    status, _, rest = reply.partition(b"\r\n")
+    assert status == b"HTTP/1.1 429 Too Many Requests"
+    assert b"\r\nRetry-After: " in rest
+    error = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    assert error["error"]["type"] == "rate_limit_error" and error["type"] == "error"
+    await wait((await wait(slow)).content())
 
 
 @pytest_twisted.ensureDeferred

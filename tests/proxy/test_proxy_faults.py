@@ -10,91 +10,78 @@ TWO = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_stopped_host_moves_its_conversation_on_the_next_turn_with_an_unhealthy_event():
+async def test_a_stopped_host_moves_its_conversation_on_the_next_turn_with_an_unhealthy_event(
+    launch,
+):
     fakes = await start_fakes("titan", "atlas")
-    crossbar = await start_crossbar(fakes, TWO)
-    try:
-        history = [{"role": "user", "content": "Keep me on one host."}]
-        response, reply = await wait(crossbar.chat("convo", history))
-        home = response.headers.getRawHeaders("X-Crossbar-Host")[0]
-        other = "atlas" if home == "titan" else "titan"
-        fakes[home].faults.refuse = True
-        await fakes[home].settle()
-        response, _ = await wait(crossbar.chat("convo", turn(history, reply, "still there?")))
-        assert response.code == 200
-        assert response.headers.getRawHeaders("X-Crossbar-Host") == [other]
-        assert response.headers.getRawHeaders("X-Crossbar-Lease") == ["new"]
-        assert not crossbar.parts.hosts.healthy(home)
-        events = await crossbar.parts.store.list_events(route="convo")
-        moved = [e for e in events if e.reason == "unhealthy"]
-        assert [(e.from_host, e.to_host) for e in moved] == [(home, other)]
-    finally:
-        await crossbar.stop()
+    crossbar = await launch(fakes, TWO)
+    history = [{"role": "user", "content": "Keep me on one host."}]
+    response, reply = await wait(crossbar.chat("convo", history))
+    home = response.headers.getRawHeaders("X-Crossbar-Host")[0]
+    other = "atlas" if home == "titan" else "titan"
+    fakes[home].faults.refuse = True
+    await fakes[home].settle()
+    response, _ = await wait(crossbar.chat("convo", turn(history, reply, "still there?")))
+    assert response.code == 200
+    assert response.headers.getRawHeaders("X-Crossbar-Host") == [other]
+    assert response.headers.getRawHeaders("X-Crossbar-Lease") == ["new"]
+    assert not crossbar.parts.hosts.healthy(home)
+    events = await crossbar.parts.store.list_events(route="convo")
+    moved = [e for e in events if e.reason == "unhealthy"]
+    assert [(e.from_host, e.to_host) for e in moved] == [(home, other)]
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_pinned_route_whose_host_is_down_gets_503_naming_the_host():
+async def test_a_pinned_route_whose_host_is_down_gets_503_naming_the_host(launch):
     fakes = await start_fakes("titan", "atlas")
-    crossbar = await start_crossbar(fakes, TWO)
-    try:
-        await crossbar.pin("convo", "titan")
-        fakes["titan"].faults.refuse = True
-        await fakes["titan"].settle()
-        history = [{"role": "user", "content": "Pinned."}]
-        response, body = await wait(crossbar.chat("convo", history))
-        assert response.code == 503
-        assert body["error"]["type"] == "unavailable_error"
-        assert "titan" in body["error"]["message"]
-        assert response.headers.getRawHeaders("Retry-After")
-        assert fakes["atlas"].counters.requests["/v1/chat/completions"] == 0
-    finally:
-        await crossbar.stop()
+    crossbar = await launch(fakes, TWO)
+    await crossbar.pin("convo", "titan")
+    fakes["titan"].faults.refuse = True
+    await fakes["titan"].settle()
+    history = [{"role": "user", "content": "Pinned."}]
+    response, body = await wait(crossbar.chat("convo", history))
+    assert response.code == 503
+    assert body["error"]["type"] == "unavailable_error"
+    assert "titan" in body["error"]["message"]
+    assert response.headers.getRawHeaders("Retry-After")
+    assert fakes["atlas"].counters.requests["/v1/chat/completions"] == 0
 
 
 @pytest_twisted.ensureDeferred
-async def test_an_http_error_from_the_host_is_relayed_and_never_ejects_it():
+async def test_an_http_error_from_the_host_is_relayed_and_never_ejects_it(launch):
     fakes = await start_fakes("titan", "atlas")
     fakes["titan"].faults.error_500 = True
-    crossbar = await start_crossbar(fakes, TWO)
-    try:
-        response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
-        assert response.code == 500
-        assert response.headers.getRawHeaders("X-Crossbar-Host") == ["titan"]
-        assert "error" in body
-        assert crossbar.parts.hosts.healthy("titan")
-    finally:
-        await crossbar.stop()
+    crossbar = await launch(fakes, TWO)
+    response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
+    assert response.code == 500
+    assert response.headers.getRawHeaders("X-Crossbar-Host") == ["titan"]
+    assert "error" in body
+    assert crossbar.parts.hosts.healthy("titan")
 
 
 @pytest_twisted.ensureDeferred
-async def test_with_every_host_refusing_the_client_gets_a_clear_error():
+async def test_with_every_host_refusing_the_client_gets_a_clear_error(launch):
     fakes = await start_fakes("titan")
-    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["titan"]}})
-    try:
-        fakes["titan"].faults.refuse = True
-        await fakes["titan"].settle()
-        response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
-        assert response.code in (502, 503)
-        assert body["error"]["type"] == "unavailable_error"
-        assert "titan" in body["error"]["message"]
-    finally:
-        await crossbar.stop()
+    crossbar = await launch(fakes, {"convo": {"hosts": ["titan"]}})
+    fakes["titan"].faults.refuse = True
+    await fakes["titan"].settle()
+    response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
+    assert response.code in (502, 503)
+    assert body["error"]["type"] == "unavailable_error"
+    assert "titan" in body["error"]["message"]
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_host_that_hangs_before_headers_gets_504_after_the_idle_timeout():
+async def test_a_host_that_hangs_before_headers_gets_504_after_the_idle_timeout(launch):
     fakes = await start_fakes("titan")
     fakes["titan"].faults.hang = True
-    crossbar = await start_crossbar(
+    crossbar = await launch(
         fakes, {"convo": {"hosts": ["titan"]}}, server={"upstream_idle_timeout": "300ms"}
     )
-    try:
-        response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
-        assert response.code == 504
-        assert json.dumps(body).count("Traceback") == 0
-        assert crossbar.parts.hosts.healthy("titan")
-    finally:
-        await crossbar.stop()
+    response, body = await wait(crossbar.chat("convo", [{"role": "user", "content": "x"}]))
+    assert response.code == 504
+    assert json.dumps(body).count("Traceback") == 0
+    assert crossbar.parts.hosts.healthy("titan")
 
 
 @pytest_twisted.ensureDeferred

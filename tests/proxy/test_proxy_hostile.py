@@ -9,8 +9,9 @@ from hypothesis import strategies as st
 from twisted.logger import globalLogPublisher
 
 from tests.support.memnet import MODEL, start
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 PATHS = [
     "/v1/chat/completions",
     "/v1/completions",

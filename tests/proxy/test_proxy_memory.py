@@ -5,9 +5,10 @@ import pytest
 from twisted.internet.defer import ensureDeferred
 
 from crossbar.leases.table import Key
-from tests.support.memnet import MODEL, chat, start
+from tests.support.memnet import MODEL, chat, sse, start
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 CHAT = "/r/convo/v1/chat/completions"
 
 
@@ -259,20 +260,10 @@ def test_a_pinned_route_sends_calls_without_a_conversation_to_its_pin():
     assert props.header(b"X-Crossbar-Lease") == b"pinned"
 
 
-def stream_events(host, n: int) -> None:
-    """Start a chunked SSE answer and send `n` token events (no usage), then hold."""
-    host.transport.write(
-        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-    )
-    for i in range(n):
-        event = b'data: {"id": "c1", "choices": [{"delta": {"content": "t%d"}}]}\n\n' % i
-        host.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
-
-
 def test_a_client_leaving_mid_stream_is_charged_the_tokens_it_was_sent():
     crossbar = start(ROUTES)
     net = crossbar.net
-    net.on_request["titan"] = lambda host: stream_events(host, 20)
+    net.on_request["titan"] = lambda host: sse(host, 20)
     client = crossbar.post(CHAT, chat())
     assert client.received.count(b"data: ") == 20
     client.transport.loseConnection()
@@ -284,7 +275,7 @@ def test_a_client_leaving_mid_stream_is_charged_the_tokens_it_was_sent():
 def test_a_stream_cut_by_a_stop_is_charged_its_tokens_and_says_shutdown():
     crossbar = start(ROUTES)
     net = crossbar.net
-    net.on_request["titan"] = lambda host: stream_events(host, 7)
+    net.on_request["titan"] = lambda host: sse(host, 7)
     crossbar.post(CHAT, chat())
     drained = []
     ensureDeferred(crossbar.sites.resource.drain(1)).addCallback(drained.append)

@@ -1,114 +1,77 @@
-"""One slot, a queue behind it, and clients that leave: the slot is never lost."""
+"""One slot, a queue behind it, and clients that leave: the slot is never lost. Told on the
+in-memory network: each host answers when the story says, and time moves only when it says."""
 
 import json
 
-import pytest_twisted
-from twisted.internet.defer import Deferred
+from tests.support.memnet import CHAT_PATH, chat, sse, start
 
-from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
-
-ONE = {"convo": {"hosts": ["titan"], "default_model": MODEL}}
+ONE = {"convo": {"hosts": ["titan"]}}
 
 
-def body(n=0, stream=False, max_tokens=3):
-    return json.dumps(
-        {
-            "model": MODEL,
-            "stream": stream,
-            "max_tokens": max_tokens,
-            "messages": [{"role": "user", "content": f"request {n}"}],
-        }
-    ).encode()
+def queued(crossbar) -> int:
+    return crossbar.parts.limiter.queued("titan", "qwen-coder")
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_second_request_waits_for_the_only_slot_and_says_how_long():
-    fakes = await start_fakes("titan", parallel=1, tokens_per_second=50)
-    crossbar = await start_crossbar(fakes, ONE, parallel=1)
-    try:
-        client = crossbar.client()
-        first = client.post(
-            crossbar.url("convo", "/v1/chat/completions"), data=body(1, max_tokens=10)
-        )
-        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
-        second = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2))
-        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 1)
-        r1, r2 = await wait(first), await wait(second)
-        await r1.content(), await r2.content()
-        assert int(r1.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) < 50
-        assert int(r2.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) >= 50
-        assert fakes["titan"].counters.peak_in_flight == 1
-    finally:
-        await crossbar.stop()
+def in_flight(crossbar) -> int:
+    return crossbar.parts.limiter.in_flight("titan", "qwen-coder")
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_full_queue_answers_429_with_retry_after():
-    fakes = await start_fakes("titan", parallel=1, tokens_per_second=20)
-    crossbar = await start_crossbar(fakes, ONE, server={"queue_max": 1}, parallel=1)
-    try:
-        client = crossbar.client()
-        first = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(1))
-        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
-        second = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2))
-        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 1)
-        third = await wait(client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(3)))
-        error = json.loads(await third.content())["error"]
-        assert third.code == 429 and error["type"] == "rate_limit_error"
-        assert int(third.headers.getRawHeaders("Retry-After")[0]) >= 1
-        for d in (first, second):
-            await (await wait(d)).content()
-    finally:
-        await crossbar.stop()
+def test_a_second_request_waits_for_the_only_slot_and_says_how_long():
+    crossbar = start(ONE, hosts=("titan",), parallel=1)
+    net = crossbar.net
+    first = crossbar.post(CHAT_PATH, chat("one"))
+    second = crossbar.post(CHAT_PATH, chat("two"))
+    (host,) = net.connections["titan"]
+    assert host.requests() == 1 and queued(crossbar) == 1  # the second waits in crossbar
+    net.clock.advance(0.25)
+    host.answer()
+    net.flush()
+    assert first.status == 200 and first.header(b"X-Crossbar-Queue-Ms") == b"0"
+    assert host.requests() == 2  # the slot went to the waiter, on the same connection
+    host.answer()
+    net.flush()
+    assert second.status == 200 and second.header(b"X-Crossbar-Queue-Ms") == b"250"
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_client_leaving_while_queued_leaves_the_queue_at_once():
-    fakes = await start_fakes("titan", parallel=1, tokens_per_second=20)
-    crossbar = await start_crossbar(fakes, ONE, parallel=1)
-    try:
-        client = crossbar.client()
-        first = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(1))
-        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 1)
-        leaving = client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2))
-        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 1)
-        leaving.cancel()
-        await until(lambda: crossbar.parts.limiter.queued("titan", MODEL) == 0)
-        await (await wait(first)).content()
-        assert fakes["titan"].counters.requests["/v1/chat/completions"] == 1
-    finally:
-        await crossbar.stop()
+def test_a_full_queue_answers_429_with_retry_after():
+    crossbar = start(ONE, hosts=("titan",), parallel=1, queue_max=1)
+    crossbar.post(CHAT_PATH, chat("one"))
+    crossbar.post(CHAT_PATH, chat("two"))
+    third = crossbar.post(CHAT_PATH, chat("three"))
+    assert third.status == 429
+    error = json.loads(third.received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert error["type"] == "rate_limit_error"
+    assert int(third.header(b"Retry-After")) >= 1
+    assert queued(crossbar) == 1  # the refused one took no place
 
 
-@pytest_twisted.ensureDeferred
-async def test_a_client_leaving_mid_stream_frees_the_slot_and_aborts_the_upstream():
-    fakes = await start_fakes("titan", parallel=1, tokens_per_second=20)
-    crossbar = await start_crossbar(fakes, ONE, parallel=1)
-    try:
-        client = crossbar.client()
-        response = await wait(
-            client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(1, True, 200))
-        )
-        got_one = Deferred()
+def test_a_client_leaving_while_queued_leaves_the_queue_at_once():
+    crossbar = start(ONE, hosts=("titan",), parallel=1)
+    net = crossbar.net
+    first = crossbar.post(CHAT_PATH, chat("one"))
+    leaving = crossbar.post(CHAT_PATH, chat("two"))
+    assert queued(crossbar) == 1
+    leaving.transport.loseConnection()
+    net.flush()
+    assert queued(crossbar) == 0  # at once, not at queue_timeout
+    (host,) = net.connections["titan"]
+    host.answer()
+    net.flush()
+    assert first.status == 200 and host.requests() == 1  # nothing was sent for the leaver
+    assert in_flight(crossbar) == 0
 
-        class Leave:
-            def makeConnection(self, transport):
-                self.transport = transport
 
-            def dataReceived(self, data):
-                if not got_one.called:
-                    got_one.callback(None)
-                    self.transport.stopProducing()  # the client hangs up mid-stream
-
-            def connectionLost(self, reason):
-                pass
-
-        response.deliverBody(Leave())
-        await wait(got_one)
-        await until(lambda: fakes["titan"].counters.aborted == 1)
-        await until(lambda: crossbar.parts.limiter.in_flight("titan", MODEL) == 0)
-        nxt = await wait(client.post(crossbar.url("convo", "/v1/chat/completions"), data=body(2)))
-        await nxt.content()
-        assert int(nxt.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) < 50
-    finally:
-        await crossbar.stop()
+def test_a_client_leaving_mid_stream_frees_the_slot_and_aborts_the_upstream():
+    crossbar = start(ONE, hosts=("titan",), parallel=1)
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: sse(host, 3)
+    client = crossbar.post(CHAT_PATH, chat("streaming"))
+    assert client.received.count(b"data: ") == 3 and in_flight(crossbar) == 1
+    client.transport.loseConnection()  # the client hangs up mid-stream
+    net.flush()
+    (host,) = net.connections["titan"]
+    assert host.lost  # the host's connection is aborted: it stops generating
+    assert in_flight(crossbar) == 0
+    net.on_request["titan"] = lambda host: host.answer()
+    nxt = crossbar.post(CHAT_PATH, chat("next"))
+    assert nxt.status == 200 and nxt.header(b"X-Crossbar-Queue-Ms") == b"0"

@@ -84,41 +84,38 @@ async def test_a_priority_route_waits_one_service_time_where_fifo_waits_the_whol
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_route_over_its_max_queued_gets_429_with_retry_after_and_others_still_queue():
+async def test_a_route_over_its_max_queued_gets_429_with_retry_after_and_others_still_queue(launch):
     fakes = await start_fakes("titan", parallel=1, tokens_per_second=50)
     routes = {
         "batch": {"hosts": ["titan"], "default_model": MODEL, "max_queued": 1},
         "agent": {"hosts": ["titan"], "default_model": MODEL},
     }
-    crossbar = await start_crossbar(fakes, routes, parallel=1)
+    crossbar = await launch(fakes, routes, parallel=1)
     limiter = crossbar.parts.limiter
-    try:
-        client = crossbar.client()
-        url = crossbar.url("batch", "/v1/chat/completions")
-        first = client.post(url, data=body("one", 20))
-        await until(lambda: limiter.in_flight("titan", MODEL) == 1)
-        second = client.post(url, data=body("two", 1))
-        await until(lambda: limiter.queued("titan", MODEL) == 1)
-        refused = await wait(client.post(url, data=body("three", 1)))
-        error = json.loads(await refused.content())["error"]
-        assert refused.code == 429 and error["type"] == "rate_limit_error"
-        assert "max_queued" in error["message"] and "'batch'" in error["message"]
-        assert int(refused.headers.getRawHeaders("Retry-After")[0]) >= 1
-        other = client.post(crossbar.url("agent", "/v1/chat/completions"), data=body("a", 1))
-        await until(lambda: limiter.queued("titan", MODEL) == 2)
-        for d in (first, second, other):
-            response = await wait(d, 60)
-            await response.content()
-            assert response.code == 200
-    finally:
-        await crossbar.stop()
+    client = crossbar.client()
+    url = crossbar.url("batch", "/v1/chat/completions")
+    first = client.post(url, data=body("one", 20))
+    await until(lambda: limiter.in_flight("titan", MODEL) == 1)
+    second = client.post(url, data=body("two", 1))
+    await until(lambda: limiter.queued("titan", MODEL) == 1)
+    refused = await wait(client.post(url, data=body("three", 1)))
+    error = json.loads(await refused.content())["error"]
+    assert refused.code == 429 and error["type"] == "rate_limit_error"
+    assert "max_queued" in error["message"] and "'batch'" in error["message"]
+    assert int(refused.headers.getRawHeaders("Retry-After")[0]) >= 1
+    other = client.post(crossbar.url("agent", "/v1/chat/completions"), data=body("a", 1))
+    await until(lambda: limiter.queued("titan", MODEL) == 2)
+    for d in (first, second, other):
+        response = await wait(d, 60)
+        await response.content()
+        assert response.code == 200
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_capped_route_never_has_more_in_flight_than_its_cap_on_a_free_host():
+async def test_a_capped_route_never_has_more_in_flight_than_its_cap_on_a_free_host(launch):
     fakes = await start_fakes("titan", parallel=4, tokens_per_second=50)
     routes = {"batch": {"hosts": ["titan"], "default_model": MODEL, "max_in_flight": 2}}
-    crossbar = await start_crossbar(fakes, routes, parallel=4)
+    crossbar = await launch(fakes, routes, parallel=4)
     limiter = crossbar.parts.limiter
     peak = 0
 
@@ -128,17 +125,14 @@ async def test_a_capped_route_never_has_more_in_flight_than_its_cap_on_a_free_ho
         peak = max(peak, state.in_flight if state else 0)
         return False
 
-    try:
-        client = crossbar.client()
-        url = crossbar.url("batch", "/v1/chat/completions")
-        sent = [client.post(url, data=body(f"job {n}", 5)) for n in range(6)]
-        await until(lambda: limiter.queued("titan", MODEL) == 4 or watch())
-        assert limiter.in_flight("titan", MODEL) == 2 and limiter.free_slots("titan", MODEL) == 2
-        for d in sent:
-            watch()
-            response = await wait(d, 60)
-            await response.content()
-            assert response.code == 200
-        assert peak <= 2 and fakes["titan"].counters.peak_in_flight == 2
-    finally:
-        await crossbar.stop()
+    client = crossbar.client()
+    url = crossbar.url("batch", "/v1/chat/completions")
+    sent = [client.post(url, data=body(f"job {n}", 5)) for n in range(6)]
+    await until(lambda: limiter.queued("titan", MODEL) == 4 or watch())
+    assert limiter.in_flight("titan", MODEL) == 2 and limiter.free_slots("titan", MODEL) == 2
+    for d in sent:
+        watch()
+        response = await wait(d, 60)
+        await response.content()
+        assert response.code == 200
+    assert peak <= 2 and fakes["titan"].counters.peak_in_flight == 2

@@ -143,28 +143,25 @@ async def test_a_client_that_reads_nothing_pauses_the_upstream_and_costs_bounded
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_host_dying_mid_stream_gives_an_error_event_and_a_cut_response_never_done():
+async def test_a_host_dying_mid_stream_gives_an_error_event_and_a_cut_response_never_done(launch):
     fakes = await start_fakes("titan", parallel=1)
     fakes["titan"].faults.drop_after_chunks = 3
-    crossbar = await start_crossbar(fakes, ONE, parallel=1)
+    crossbar = await launch(fakes, ONE, parallel=1)
     rows = []
     crossbar.parts.usage.observers.append(rows.append)
-    try:
-        response = await wait(stream(crossbar, max_tokens=20))
-        assert response.code == 200
-        collector = Collector()
-        response.deliverBody(collector)
-        await wait(collector.done)
-        reason = collector.reason
-        assert b"[DONE]" not in collector.data
-        last = collector.data.strip().split(b"\n\n")[-1]
-        assert json.loads(last[len(b"data: ") :])["error"]["type"] == "api_error"
-        assert reason.check(ResponseDone) is None  # cut, not ended: no terminating chunk
-        assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
-        (row,) = rows
-        assert row.error and row.completion_tokens == 3
-        fakes["titan"].faults.drop_after_chunks = None
-        ok = await wait(stream(crossbar, max_tokens=3))
-        assert ok.code == 200 and b"[DONE]" in await ok.content()
-    finally:
-        await crossbar.stop()
+    response = await wait(stream(crossbar, max_tokens=20))
+    assert response.code == 200
+    collector = Collector()
+    response.deliverBody(collector)
+    await wait(collector.done)
+    reason = collector.reason
+    assert b"[DONE]" not in collector.data
+    last = collector.data.strip().split(b"\n\n")[-1]
+    assert json.loads(last[len(b"data: ") :])["error"]["type"] == "api_error"
+    assert reason.check(ResponseDone) is None  # cut, not ended: no terminating chunk
+    assert crossbar.parts.limiter.in_flight("titan", MODEL) == 0
+    (row,) = rows
+    assert row.error and row.completion_tokens == 3
+    fakes["titan"].faults.drop_after_chunks = None
+    ok = await wait(stream(crossbar, max_tokens=3))
+    assert ok.code == 200 and b"[DONE]" in await ok.content()

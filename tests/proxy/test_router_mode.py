@@ -11,7 +11,7 @@ from twisted.internet import reactor
 
 from crossbar.testing.fakellama import FakeConfig
 from crossbar.testing.fakerouter import FakeRouter
-from tests.support.admin_harness import start_service, write_config
+from tests.support.admin_harness import write_config
 from tests.support.harness import start_crossbar, start_fakes, wait
 
 CHAT = "/v1/chat/completions"
@@ -121,20 +121,17 @@ async def test_a_route_may_mix_a_router_and_a_plain_llama_server():
 
 
 @pytest_twisted.ensureDeferred
-async def test_the_service_opens_its_port_knowing_the_routers_models(tmp_path):
+async def test_the_service_opens_its_port_knowing_the_routers_models(tmp_path, serve):
     router = FakeRouter(reactor, {"qwen": FakeConfig(), "gemma": FakeConfig()})
     await router.start()
     hosts = {"router": {"url": router.url, "models": "discover"}}
     path = write_config(tmp_path / "c.toml", {}, {"convo": {"hosts": ["router"]}}, hosts=hosts)
-    running = await start_service(path, {"router": router})
-    try:
-        response = await wait(running.http().get(f"{running.proxy_url}/r/convo/v1/models"))
-        listed = json.loads(await wait(response.content()))
-        assert [m["id"] for m in listed["data"]] == ["qwen", "gemma"]
-        states = (await running.get("/api/hosts"))["hosts"][0]["models"]
-        assert [(m["name"], m["state"]) for m in states] == [
-            ("qwen", "unloaded"),
-            ("gemma", "unloaded"),
-        ]
-    finally:
-        await running.stop()
+    running = await serve(path, {"router": router})
+    response = await wait(running.http().get(f"{running.proxy_url}/r/convo/v1/models"))
+    listed = json.loads(await wait(response.content()))
+    assert [m["id"] for m in listed["data"]] == ["qwen", "gemma"]
+    states = (await running.get("/api/hosts"))["hosts"][0]["models"]
+    assert [(m["name"], m["state"]) for m in states] == [
+        ("qwen", "unloaded"),
+        ("gemma", "unloaded"),
+    ]

@@ -13,7 +13,7 @@ import json
 import pytest
 import pytest_twisted
 
-from tests.support.harness import MODEL, start_crossbar, start_fakes, until, wait
+from tests.support.harness import MODEL, start_fakes, until, wait
 
 OPENING = "You review parsers carefully and answer in short sentences. " * 4
 
@@ -75,19 +75,16 @@ async def two_turns(dialect: str, crossbar) -> None:
 
 @pytest.mark.parametrize("dialect", list(DIALECTS))
 @pytest_twisted.ensureDeferred
-async def test_a_streamed_answer_records_the_hosts_own_token_counts(dialect):
+async def test_a_streamed_answer_records_the_hosts_own_token_counts(dialect, launch):
     fakes = await start_fakes("titan", reply_tokens=6)
-    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["titan"]}})
+    crossbar = await launch(fakes, {"convo": {"hosts": ["titan"]}})
     rows = []
     crossbar.parts.usage.observers.append(rows.append)
-    try:
-        await two_turns(dialect, crossbar)
-        await until(lambda: len(rows) == 2)
-        done = fakes["titan"].counters.completions
-        recorded = [(r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in rows]
-        hosts = [(d.prompt_tokens, d.cache_n, d.completion_tokens) for d in done]
-        assert recorded == hosts
-        assert all(r.stream and r.status == 200 and r.error == "" for r in rows)
-        assert done[1].cache_n > 0  # turn two read its prefix from the cache, and says so
-    finally:
-        await crossbar.stop()
+    await two_turns(dialect, crossbar)
+    await until(lambda: len(rows) == 2)
+    done = fakes["titan"].counters.completions
+    recorded = [(r.prompt_tokens, r.cached_tokens, r.completion_tokens) for r in rows]
+    hosts = [(d.prompt_tokens, d.cache_n, d.completion_tokens) for d in done]
+    assert recorded == hosts
+    assert all(r.stream and r.status == 200 and r.error == "" for r in rows)
+    assert done[1].cache_n > 0  # turn two read its prefix from the cache, and says so

@@ -54,7 +54,7 @@ async def _history(tmp_path, fakes):
 
 
 @pytest_twisted.ensureDeferred
-async def test_a_crossbar_moved_to_a_new_store_starts_where_it_was(tmp_path, shared_url):
+async def test_a_crossbar_moved_to_a_new_store_starts_where_it_was(tmp_path, shared_url, fleets):
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
     fakes = await start_fakes("titan", "atlas")
@@ -67,21 +67,18 @@ async def test_a_crossbar_moved_to_a_new_store_starts_where_it_was(tmp_path, sha
     assert "hunter2" not in out
     assert "  5 leases and pins" in out and "  1 host states" in out
     assert f"  {len(events)} lease events" in out and "  4 usage rows" in out
-    fleet = await start_fleet(tmp_path / "new", target, fakes, ROUTES, n=1)
+    fleet = await fleets(tmp_path / "new", target, fakes, ROUTES, n=1)
     (new,) = fleet.instances
-    try:
-        for name, home in homes.items():  # titan is draining: its conversations stay on it
-            host, _ = await new.chat("convo", conversation(name))
-            assert host == home, name
-        routes = {r["name"]: r["pinned"] for r in (await new.get("/api/routes"))["routes"]}
-        assert routes["other"] == "atlas"
-        assert [h["draining"] for h in (await new.get("/api/hosts"))["hosts"]] == [True, False]
-        moved = (await new.get("/api/events?limit=100"))["events"]
-        assert moved == events  # nothing moved on the new store: the same history
-        totals = (await new.get("/api/usage?by=route"))["usage"]
-        assert [u["requests"] for u in totals] == [u["requests"] + 4 for u in usage]
-    finally:
-        await fleet.stop()
+    for name, home in homes.items():  # titan is draining: its conversations stay on it
+        host, _ = await new.chat("convo", conversation(name))
+        assert host == home, name
+    routes = {r["name"]: r["pinned"] for r in (await new.get("/api/routes"))["routes"]}
+    assert routes["other"] == "atlas"
+    assert [h["draining"] for h in (await new.get("/api/hosts"))["hosts"]] == [True, False]
+    moved = (await new.get("/api/events?limit=100"))["events"]
+    assert moved == events  # nothing moved on the new store: the same history
+    totals = (await new.get("/api/usage?by=route"))["usage"]
+    assert [u["requests"] for u in totals] == [u["requests"] + 4 for u in usage]
 
 
 @pytest_twisted.ensureDeferred

@@ -1,9 +1,10 @@
 """While the store cannot be written, crossbar goes on routing from memory, says so, refuses
 what it could not keep, and catches up by itself (in memory, on a Clock)."""
 
-from tests.support.memnet import MODEL, chat, start
+from tests.support.memnet import chat, start
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 CHAT = "/r/convo/v1/chat/completions"
 
 

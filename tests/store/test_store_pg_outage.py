@@ -10,10 +10,11 @@ from twisted.logger import formatEvent, globalLogPublisher
 from tests.support.admin_harness import conversation
 from tests.support.db_gate import DatabaseGate
 from tests.support.fleet import start_fleet, within
-from tests.support.harness import MODEL, start_fakes
+from tests.support.harness import start_fakes
 from tests.support.pg import need_postgres, pg_schema
+from tests.support.routes import CONVO
 
-ROUTES = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+ROUTES = CONVO
 
 
 @pytest_twisted.ensureDeferred

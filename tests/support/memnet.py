@@ -34,6 +34,7 @@ from crossbar.config.values import parse_config
 from tests.support.lease_fakes import MemoryStore, run_now
 
 MODEL = "qwen-coder"
+CHAT_PATH = "/r/convo/v1/chat/completions"
 
 
 class Host(Protocol):
@@ -256,6 +257,17 @@ class Crossbar:
         return client
 
 
+def sse(host: Host, events: int) -> None:
+    """Start a chunked SSE answer on `host` and send `events` token events (no usage), then
+    hold: the stream is neither ended nor cut until the test says so."""
+    host.transport.write(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    for i in range(events):
+        event = b'data: {"id": "c1", "choices": [{"delta": {"content": "t%d"}}]}\n\n' % i
+        host.transport.write(b"%x\r\n%s\r\n" % (len(event), event))
+
+
 def chat(text: str = "hello") -> bytes:
     return (
         b'{"model": "'
@@ -266,14 +278,20 @@ def chat(text: str = "hello") -> bytes:
     )
 
 
-def start(routes: dict[str, Any], hosts: tuple[str, ...] = ("titan", "atlas"), **server: Any):
-    """crossbar with `hosts` (parallel 2 each) on a new in-memory net."""
+def start(
+    routes: dict[str, Any],
+    hosts: tuple[str, ...] = ("titan", "atlas"),
+    parallel: int = 2,
+    **server: Any,
+) -> Crossbar:
+    """crossbar with `hosts` (`parallel` slots each) on a new in-memory net."""
     net = Net()
     config = parse_config(
         {
             "server": {"db": ":memory:", **server},
             "hosts": {
-                h: {"url": f"http://{h}:8080", "models": [MODEL], "parallel": 2} for h in hosts
+                h: {"url": f"http://{h}:8080", "models": [MODEL], "parallel": parallel}
+                for h in hosts
             },
             "routes": routes,
         }
