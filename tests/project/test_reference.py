@@ -17,7 +17,7 @@ from crossbar.config.units import parse_size
 from crossbar.config.values import parse_config
 from crossbar.testing.fakellama_cli import build_parser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 HEADINGS = [
     *("Config", "Client URLs", "The request path", "Errors", "Headers", "Leases"),
