@@ -21,8 +21,6 @@ from prometheus_client import CollectorRegistry, Counter
 from twisted.internet.defer import CancelledError, Deferred, DeferredSemaphore
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
-from twisted.web.client import readBody
-from twisted.web.http_headers import Headers
 
 from crossbar.config import PREWARM_PRIORITY, Config, RouteLimits
 from crossbar.handoff.kept import HandoffStore
@@ -30,16 +28,7 @@ from crossbar.hosts import Hosts
 from crossbar.leases import Key
 from crossbar.limiter import Limiter, LimiterError
 from crossbar.proxy import UsageRecorder
-from crossbar.wire import (
-    Exchange,
-    Inbound,
-    Kind,
-    Tokens,
-    Upstream,
-    UpstreamFailure,
-    classify,
-    prepare,
-)
+from crossbar.wire import Exchange, Kind, Tokens, Upstream, UpstreamFailure, classify, renamed_body
 
 log = Logger(namespace="crossbar.prewarm")
 # The client APIs whose prompt a replay can warm without generating: llama-server reads
@@ -190,17 +179,15 @@ class Prewarmer:
         self, host_config: Any, path: str, body: dict[str, Any], ex: Exchange
     ) -> Outcome:
         model = self._hosts.model(host_config.name, ex.model)
-        raw = json.dumps(body).encode()
-        headers = Headers({b"content-type": [b"application/json"]})
-        inbound = Inbound("POST", path, "", raw, body, headers, "crossbar-prewarm", False)
         try:
-            response = await self._upstream.send(prepare(host_config, model, inbound))
-            ex.first_byte = self._clock.seconds()
-            answer = await readBody(response)
+            status, answer = await self._upstream.post_json(
+                host_config, path, renamed_body(body, model)
+            )
         except UpstreamFailure as failure:
             ex.status, ex.error = 502, f"upstream {failure.reason}"
             return Outcome("failed", detail=ex.error)
-        ex.status = response.code
+        ex.first_byte = self._clock.seconds()  # the whole answer: nothing streams here
+        ex.status = status
         tokens = Tokens()
         dialect, kind = classify("POST", path)
         try:
@@ -210,8 +197,8 @@ class Prewarmer:
         if kind is Kind.INFERENCE:
             dialect.read_usage(obj, tokens)
         ex.tokens = tokens
-        if response.code != 200:
-            ex.error = f"host answered {response.code}"
+        if status != 200:
+            ex.error = f"host answered {status}"
             return Outcome("failed", detail=f"{ex.error}: {answer[:200]!r}")
         self.tokens.labels(ex.host, "prompt").inc(tokens.prompt)
         self.tokens.labels(ex.host, "cached").inc(tokens.cached)

@@ -297,6 +297,17 @@ class Upstream:
                 raise
             raise mapped from None
 
+    async def post_json(self, host: HostConfig, path: str, payload: Any) -> tuple[int, bytes]:
+        """crossbar's own call to a host (a token count, a prewarm): `payload` POSTed as JSON
+        with the host's authorization, the whole answer read. Raises UpstreamFailure when no
+        answer came."""
+        headers = Headers({"Content-Type": ["application/json"]})
+        for name, value in authorization(host).items():
+            headers.setRawHeaders(name, [value])
+        out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
+        response = await self.send(out)
+        return response.code, await treq.content(response)
+
     async def count_tokens(self, host: HostConfig, dialect: Dialect, body: Any) -> int | None:
         """Ask `host` how many tokens the prompt of `body` is; None when it cannot say."""
         if not isinstance(body, dict):
@@ -305,18 +316,14 @@ class Upstream:
         if found is None:
             return None
         path, payload = found
-        headers = Headers({"Content-Type": ["application/json"]})
-        for name, value in authorization(host).items():
-            headers.setRawHeaders(name, [value])
-        out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
         try:
-            response = await self.send(out)
-            data = json.loads(await treq.content(response))
+            status, raw = await self.post_json(host, path, payload)
+            data = json.loads(raw)
         except CancelledError:
             raise  # the client left: stop here, never go on to send the request
         except Exception:
             return None  # the host will refuse an oversized prompt itself
-        if response.code != 200 or not isinstance(data, dict):
+        if status != 200 or not isinstance(data, dict):
             return None
         if isinstance(data.get("input_tokens"), int):
             return data["input_tokens"]
