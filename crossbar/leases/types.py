@@ -34,7 +34,7 @@ class State(enum.Enum):
 class Lease:
     """`key -> host`, with when it was made and last used (seconds, from the injected clock).
 
-    The last three fields are the host's cache truth for the lease's last turn (warmth.py), in
+    The last four fields are the host's cache truth for the lease's last turn (warmth.py), in
     memory only: the store keeps none of them, a move or a restart starts them afresh, and they
     take no part in comparing leases."""
 
@@ -46,6 +46,7 @@ class Lease:
     turn_prompt: int = field(default=0, eq=False)  # prompt tokens of the last turn
     turn_cached: int = field(default=0, eq=False)  # of which the host had cached
     cold: bool = field(default=False, eq=False)  # the last turn found its prefix evicted
+    turn_opening: str = field(default="", eq=False)  # what the last turn's prompt began with
 
 
 @frozen

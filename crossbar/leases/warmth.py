@@ -135,18 +135,23 @@ class Warmth:
     def host(self, name: str) -> HostWarmth | None:
         return self._hosts.get(name)
 
-    def turn(self, lease: Lease, prompt: int, cached: int, completion: int) -> bool:
+    def turn(
+        self, lease: Lease, prompt: int, cached: int, completion: int, opening: str = ""
+    ) -> bool:
         """An answered turn of `lease`'s conversation on its host: `prompt` tokens of which
-        `cached` were found cached. When the lease served a turn before (on this host: a move
-        makes a new lease), a turn that lost that turn's prompt is an eviction: counted, the
-        host's capacity learned, the lease marked cold. Returns True for an eviction. Records
-        the turn on the lease (in memory) for the next one."""
+        `cached` were found cached; `opening` what its prompt begins with (hashed). When the
+        lease served a turn before (on this host: a move makes a new lease) that this one
+        continues (the same opening, a prompt no shorter: a session may send other prompts
+        beside its conversation, an agent may cut its history), a turn that lost that turn's
+        prompt is an eviction: counted, the host's capacity learned, the lease marked cold.
+        Returns True for an eviction. Records the turn on the lease (in memory) for the next."""
         warmth = self._hosts.get(lease.host)
         if warmth is None or prompt <= 0:
             return False
         now = self._clock.seconds()
         previous, evicted = lease.turn_prompt, False
-        if previous > 0:
+        continues = opening == lease.turn_opening and prompt >= previous
+        if previous > 0 and continues:
             lost = previous - cached
             evicted = cached < KEPT_SHARE * previous and lost >= MIN_LOST
             if evicted:
@@ -158,6 +163,7 @@ class Warmth:
             else:
                 warmth.kept += 1
         lease.turn_prompt, lease.turn_cached, lease.cold = prompt, cached, evicted
+        lease.turn_opening = opening
         warmth.served(lease.key, prompt + completion, now)
         return evicted
 

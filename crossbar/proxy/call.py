@@ -34,6 +34,7 @@ class Call:
     candidates: tuple[str, ...]
     origin: str | None  # the host of the running completion a control call names
     need: int = 0  # prompt tokens expected (estimated from its characters), for placement
+    opening: str = ""  # what its prompt begins with, hashed (fingerprint.opening_digest)
 
     @property
     def conversation(self) -> bool:

@@ -31,15 +31,41 @@ def fingerprint(header: HeaderReader, body: Any, dialect: Dialect, chars: int = 
     the dialect's conversation opening (leading system messages and the first user message);
     its raw prompt's first `chars` characters.
     """
+    session = session_id(header, body)
+    if session is not None:
+        return _digest("session", session)
+    return opening_digest(body, dialect, chars)
+
+
+def conversation(
+    header: HeaderReader, body: Any, dialect: Dialect, chars: int, opening: bool
+) -> tuple[str, str]:
+    """The fingerprint and, with `opening` (an inference turn, whose cache truth needs it),
+    the opening digest: computed once when the fingerprint is the opening itself."""
+    session = session_id(header, body)
+    if session is None:
+        digest = opening_digest(body, dialect, chars)
+        return digest, digest
+    return _digest("session", session), opening_digest(body, dialect, chars) if opening else ""
+
+
+def session_id(header: HeaderReader, body: Any) -> str | None:
+    """The session id the client sends (a header, else the body's `prompt_cache_key`)."""
     for name in SESSION_HEADERS:
         value = header(name)
         if value:
-            return _digest("session", value.strip())
+            return value.strip()
+    key = body.get("prompt_cache_key") if isinstance(body, dict) else None
+    return key if isinstance(key, str) and key else None
+
+
+def opening_digest(body: Any, dialect: Dialect, chars: int = 4096) -> str:
+    """What the prompt of `body` begins with, hashed: the dialect's conversation opening, else
+    its raw prompt's first `chars` characters; "" when it has neither. The fingerprint when no
+    session id is sent; under one, it tells the session's separate prompts apart (an agent's
+    title request beside its conversation)."""
     if not isinstance(body, dict):
         return ""
-    key = body.get("prompt_cache_key")
-    if isinstance(key, str) and key:
-        return _digest("session", key)
     opening = dialect.opening(body)
     if opening:
         return _digest("chat", canonical(opening))

@@ -82,7 +82,7 @@ class Placement:
             return  # a route lease is many conversations': no prefix of its own to lose
         lease = self._table.lease(call.key)
         if lease is not None and lease.host == acquired.host:
-            self._warmth.turn(lease, tokens.prompt, tokens.cached, tokens.completion)
+            self._warmth.turn(lease, tokens.prompt, tokens.cached, tokens.completion, call.opening)
 
     async def _undo(self, call: Call, acquired: Acquired) -> None:
         try:

@@ -26,7 +26,7 @@ from crossbar.limiter import Limiter, LimiterError, Release
 from crossbar.proxy import cors
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
-from crossbar.proxy.fingerprint import fingerprint
+from crossbar.proxy.fingerprint import conversation
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.proxy.placement import Placement
@@ -270,8 +270,9 @@ class ProxyResource(Resource):
         served = self._hosts.models
         ex.model = model = choose_model(route, config.models_of(route, served), body, query)
         candidates = tuple(config.hosts_for(route, model, served))
-        ex.fp = fingerprint(header_reader(headers), body, dialect, config.server.fingerprint_chars)
-        if kind is Kind.INFERENCE:
+        chars, inference = config.server.fingerprint_chars, kind is Kind.INFERENCE
+        ex.fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
+        if inference:
             ex.prompt_chars = dialect.prompt_chars(body)
         origin = None
         named = dialect.named_id(path, body) if isinstance(body, dict) else None
@@ -286,7 +287,7 @@ class ProxyResource(Resource):
                     origin = remembered.host
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
         need = round(ex.prompt_chars * self._guard.ratio(model))
-        return Call(route, dialect, kind, inbound, model, key, candidates, origin, need)
+        return Call(route, dialect, kind, inbound, model, key, candidates, origin, need, opening)
 
     # -- the way to a host and back
 

@@ -95,3 +95,23 @@ def test_a_host_given_another_url_is_another_cache():
     moved = {**HOSTS, "titan": {**HOSTS["titan"], "url": "http://titan2:8080"}}
     warmth.reconfigure(config(moved))
     assert warmth.status("titan")["evictions"] == 0
+
+
+def test_another_prompt_of_the_same_session_is_not_an_eviction():
+    # An agent's session id covers its title request and its conversation: the second
+    # prompt never began with the first, so finding little of it cached says nothing.
+    warmth = Warmth(config(), Clock())
+    a = lease("a")
+    warmth.turn(a, prompt=600, cached=0, completion=10, opening="title")
+    assert not warmth.turn(a, prompt=2200, cached=40, completion=50, opening="conversation")
+    assert warmth.status("titan")["evictions"] == 0 and not a.cold
+    # From there on the conversation is the baseline: losing it is an eviction.
+    assert warmth.turn(a, prompt=2400, cached=40, completion=50, opening="conversation")
+
+
+def test_a_conversation_that_cut_its_history_is_not_an_eviction():
+    warmth = Warmth(config(), Clock())
+    a = lease("a")
+    warmth.turn(a, prompt=9000, cached=0, completion=50, opening="o")
+    assert not warmth.turn(a, prompt=3000, cached=800, completion=50, opening="o")  # compacted
+    assert warmth.status("titan")["evictions"] == 0
