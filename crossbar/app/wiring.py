@@ -24,7 +24,7 @@ from crossbar.cluster import Follower, Instances, SharedSlots
 from crossbar.config import Config
 from crossbar.handoff import HandoffParts, build_handoff
 from crossbar.hosts import Hosts
-from crossbar.leases import Chooser, Journal, Table, Warmth
+from crossbar.leases import DEADLINE_SLACK, Chooser, Journal, Table, Warmth
 from crossbar.limiter import Limiter
 from crossbar.proxy import (
     BoundedSite,
@@ -89,11 +89,11 @@ async def build_parts(
     s = config.server
     instance = instance or uuid.uuid4().hex[:12]
     if store is None:
-        store = await Store.open(s.db, reactor, instance=instance)
+        store = await Store.open(s.db, reactor, instance=instance, statements=s.store_timeout)
     elif not store.instance:
         store.instance = instance  # a store opened for us by a test
     instance = store.instance
-    journal = Journal(store, reactor)
+    journal = Journal(store, reactor, deadline=s.store_timeout + DEADLINE_SLACK)
     hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
     await hosts.load_draining()
 

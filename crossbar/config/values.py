@@ -68,6 +68,9 @@ class ServerConfig:
     handoff_max_body: int = 16 * 1024 * 1024  # larger bodies are not kept
     prewarm_parallel: int = 1  # prewarms at once per host
     prewarm_timeout: float = 30.0  # longest a turn waits for its conversation's prewarm
+    # The longest a store statement may take (SQLite's busy wait, PostgreSQL's statement and
+    # lock timeouts, connect and TCP timeouts): past it crossbar routes from memory.
+    store_timeout: float = 5.0
 
 
 @frozen
@@ -205,6 +208,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         handoff_max_body=t.size("handoff_max_body", d.handoff_max_body),
         prewarm_parallel=t.integer("prewarm_parallel", d.prewarm_parallel),
         prewarm_timeout=t.duration("prewarm_timeout", d.prewarm_timeout),
+        store_timeout=t.duration("store_timeout", d.store_timeout),
     )
     t.finish()
     for key in ("listen", "admin_listen"):

@@ -5,7 +5,7 @@ the `LeaseStore` protocol; hosts behind `HostStates`.
 """
 
 from crossbar.leases.chooser import Chooser
-from crossbar.leases.journal import Journal, StoreUnavailable
+from crossbar.leases.journal import DEADLINE_SLACK, Journal, StoreUnavailable
 from crossbar.leases.memory import LeaseMemory
 from crossbar.leases.table import Table
 from crossbar.leases.types import (
@@ -22,6 +22,7 @@ from crossbar.leases.types import (
 from crossbar.leases.warmth import Warmth
 
 __all__ = [
+    "DEADLINE_SLACK",
     "Acquired",
     "Change",
     "Chooser",

@@ -29,6 +29,9 @@ from crossbar.leases.types import Change, Key, Lease, Written
 from crossbar.records import LeaseEvent
 
 BACKOFF = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)  # seconds between tries while the store fails
+# Beyond the store's own statement timeout: the database's own error normally comes first; the
+# journal's deadline is for a store that gives no answer at all (a thread stuck on a socket).
+DEADLINE_SLACK = 1.0
 MAX_KEPT_EVENTS = 100_000  # history kept for an outage; past it the oldest go (counted)
 _log = Logger(namespace="crossbar.store")
 
@@ -42,6 +45,13 @@ class StoreUnavailable(Exception):
             "memory, and this change can be made once the store recovers"
         )
         self.reason = reason
+
+
+class StoreTimeout(Exception):
+    """The store gave no answer within the journal's deadline."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the store has not answered a write for {seconds:g}s")
 
 
 class JournalStore(Protocol):
@@ -72,6 +82,11 @@ class Journal:
     store: JournalStore
     clock: IReactorTime
     listeners: list[Callable[[bool], None]] = field(factory=list)  # hear degraded/recovered
+    # A write not answered within this many seconds degrades the store as a failed one would
+    # (0: wait for it): a database that is alive but not answering must not hold requests.
+    deadline: float = 0.0
+    # Hear a change refused at the deadline that the store then took (the table applies it).
+    landed_late: list[Callable[[Change, Written], None]] = field(factory=list)
     degraded: bool = False
     reason: str = ""  # why the store failed, while degraded
     since: float | None = None  # clock seconds the outage began
@@ -93,14 +108,34 @@ class Journal:
             return self._refuse(change, keep_ok)
         write = ensureDeferred(self.store.write(change, durable))
         done: Deferred[Written] = Deferred()
+        timer: IDelayedCall | None = None
 
         def written(result: object) -> None:
+            if timer is not None and timer.active():
+                timer.cancel()
+            if done.called:
+                # Past the deadline the change was kept (written again on recovery, to the
+                # same effect) or refused: a refused one that landed after all is in the store,
+                # so memory must follow it.
+                if isinstance(result, Failure):
+                    self._degrade(result.value)
+                elif not keep_ok and isinstance(result, Written) and result.applied:
+                    _log.warn("a change refused at the store's deadline was written after all")
+                    for listener in list(self.landed_late):
+                        listener(change, result)
+                return
             if isinstance(result, Failure):
                 self._degrade(result.value)
                 self._refuse(change, keep_ok).chainDeferred(done)
             else:
                 done.callback(result)
 
+        def too_late() -> None:
+            self._degrade(StoreTimeout(self.deadline))
+            self._refuse(change, keep_ok).chainDeferred(done)
+
+        if self.deadline > 0:
+            timer = self.clock.callLater(self.deadline, too_late)
         write.addBoth(written)
         return done
 

@@ -98,6 +98,7 @@ class Table:
         # Called with each event once its change takes effect: written, or kept in memory while
         # the store fails (metrics).
         self.listeners: list[Callable[[LeaseEvent], None]] = []
+        journal.landed_late.append(self._landed_late)
 
     @classmethod
     async def load(
@@ -511,6 +512,11 @@ class Table:
         except CancelledError:
             await shielded(write)
             raise
+
+    def _landed_late(self, change: Change, written: Written) -> None:
+        # An operator's change refused at the store's deadline that the store took after all.
+        with suppress(_Lost):
+            self._applied(written, change)
 
     def _applied(self, written: Written, change: Change) -> Written:
         if not written.applied:

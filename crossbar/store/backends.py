@@ -18,7 +18,13 @@ from twisted.enterprise.adbapi import ConnectionLost, ConnectionPool
 
 from crossbar.config import is_postgres
 
-BUSY_TIMEOUT_MS = 5000  # another process (a backup, another crossbar) may hold SQLite's lock
+# The longest one statement may take, unless `server.store_timeout` says otherwise: SQLite's
+# busy_timeout (another process, a backup or another crossbar, may hold its lock), PostgreSQL's
+# statement_timeout and lock_timeout, connect_timeout and tcp_user_timeout. A store that takes
+# longer fails the statement, and crossbar goes on from memory (leases/journal.py).
+STORE_TIMEOUT = 5.0
+# Reports (the admin API's reader connection) may read a month of usage.
+REPORT_TIMEOUT = 30.0
 
 
 def _postgres_errors() -> tuple[type[BaseException], ...]:
@@ -61,9 +67,12 @@ class Backend:
             return (sqlite3.Error, ConnectionLost)
         return (*_postgres_errors(), ConnectionLost)
 
-    def pool(self, db: str, reactor: Any, openfun: Any) -> ConnectionPool:
+    def pool(
+        self, db: str, reactor: Any, openfun: Any, timeout: float = STORE_TIMEOUT
+    ) -> ConnectionPool:
         """One connection on a thread of its own: writes complete in the order they were
-        submitted, and SQLite's ":memory:" stays one database."""
+        submitted, and SQLite's ":memory:" stays one database. `timeout` bounds each of its
+        statements on PostgreSQL (SQLite's is set by `openfun`, setup.init_connection)."""
         if self.name == "sqlite":
             return ConnectionPool(
                 "sqlite3",
@@ -83,30 +92,37 @@ class Backend:
             cp_reconnect=True,  # a database that went away and came back is used again
             cp_openfun=openfun,
             cp_reactor=reactor,
-            **postgres_defaults(db),
+            **postgres_defaults(db, timeout),
         )
 
 
-# A database that stops answering (a network partition, a host gone without a reset) must fail
-# the store's one connection within seconds, not hang it: libpq's TCP keepalives and
-# user timeout. A URL that sets any of these keeps its own value.
+# A database that stops answering (a network partition, a host gone without a reset, a table
+# lock held for minutes) must fail the store's one connection within seconds, not hang it:
+# libpq's connect and TCP user timeouts and keepalives, the server's statement and lock
+# timeouts. A URL that sets any of these keeps its own value.
 _POSTGRES_DEFAULTS = {
-    "connect_timeout": "5",
     "application_name": "crossbar",
     "keepalives": "1",
     "keepalives_idle": "10",
     "keepalives_interval": "5",
     "keepalives_count": "3",
-    "tcp_user_timeout": "15000",
 }
 
 
-def postgres_defaults(db: str) -> dict[str, str]:
-    """The connection parameters crossbar adds to a PostgreSQL URL that does not set them."""
+def postgres_defaults(db: str, timeout: float = STORE_TIMEOUT) -> dict[str, str]:
+    """The connection parameters crossbar adds to a PostgreSQL URL that does not set them;
+    `timeout` (seconds) bounds connecting, unacknowledged sends and each statement."""
     from psycopg.conninfo import conninfo_to_dict
 
     given = conninfo_to_dict(db)
-    return {k: v for k, v in _POSTGRES_DEFAULTS.items() if k not in given}
+    ms = str(max(1, round(timeout * 1000)))
+    wanted = {
+        **_POSTGRES_DEFAULTS,
+        "connect_timeout": str(max(2, round(timeout))),  # libpq's minimum is 2 s
+        "tcp_user_timeout": ms,
+        "options": f"-c statement_timeout={ms} -c lock_timeout={ms}",
+    }
+    return {k: v for k, v in wanted.items() if k not in given}
 
 
 SQLITE = Backend(

@@ -12,6 +12,7 @@ table's writes: `write` here, the conditions explained on `crossbar.leases.Chang
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -23,7 +24,7 @@ from twisted.internet.threads import deferToThreadPool
 from crossbar.config import redact
 from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store.backends import SQLITE, Backend, backend_for
+from crossbar.store.backends import REPORT_TIMEOUT, SQLITE, STORE_TIMEOUT, Backend, backend_for
 from crossbar.store.group import GroupCommit, write_group
 from crossbar.store.reports import Pick, top_moves_rows, usage_series_rows, usage_totals_rows
 from crossbar.store.rollups import RolledUp, roll_up
@@ -84,22 +85,30 @@ class Store:
         self._closed = False
 
     @classmethod
-    async def open(cls, db: str, reactor: IReactorCore, instance: str = "") -> Store:
+    async def open(
+        cls, db: str, reactor: IReactorCore, instance: str = "", statements: float = STORE_TIMEOUT
+    ) -> Store:
         """Open (creating if needed) and migrate the store at `db`: an SQLite path
         (":memory:" allowed) or a PostgreSQL URL. `instance` names this crossbar in the
-        change log. Raises StoreError saying why it cannot be opened, read or written."""
+        change log; `statements` bounds each statement, in seconds (`server.store_timeout`;
+        reports get longer). Raises StoreError saying why it cannot be opened, read or written."""
         backend = backend_for(db)
-        openfun = (
-            (lambda conn: init_connection(conn, db == ":memory:")) if backend is SQLITE else None
-        )
-        pool = backend.pool(db, reactor, openfun)
+        memory = db == ":memory:"
+
+        def openfun(timeout: float) -> Any:
+            if backend is not SQLITE:
+                return None
+            return lambda conn: init_connection(conn, memory, timeout)
+
+        pool = backend.pool(db, reactor, openfun(statements), statements)
         try:
             await pool.runWithConnection(migrate, backend)
         except Exception as e:
             reason = await deferToThreadPool(reactor, pool.threadpool, diagnose, db, e)
             await shut(pool, reactor)
             raise StoreError(f"cannot open the store {redact(db)}: {reason}") from e
-        reader = None if db == ":memory:" else backend.pool(db, reactor, openfun)
+        reports = max(REPORT_TIMEOUT, statements)
+        reader = None if memory else backend.pool(db, reactor, openfun(reports), reports)
         return cls(pool, db, reactor, backend, instance, reader)
 
     @property
@@ -117,12 +126,25 @@ class Store:
     async def _run(self, what: str, fn: Callable[..., T], *args: Any, durable: bool = False) -> T:
         if self._closed:
             raise StoreError(f"store {self.path}: {what} after close")
+        sync = durable and self._backend is SQLITE
+        return self._result(what, await self._in(what, self._pool, sync, fn, *args))
+
+    async def _in(
+        self, what: str, pool: ConnectionPool, durable: bool, fn: Callable[..., T], *args: Any
+    ) -> Any:
+        """`fn` as one transaction on `pool`'s connection, in its thread (_transaction)."""
+        errors = self._backend.errors
         try:
-            if durable and self._backend is SQLITE:
-                return await self._pool.runWithConnection(_durably, fn, *args)
-            return await self._pool.runInteraction(fn, *args)
-        except self._backend.errors as e:
-            raise StoreError(f"store {self.path}: {what} failed: {e}") from e
+            return await pool.runWithConnection(_transaction, errors, durable, fn, *args)
+        except errors as e:  # the pool's own commit or reconnect, after _transaction's end
+            raise StoreError(f"store {self.path}: {what} failed: {e}") from None
+
+    def _result(self, what: str, outcome: Any) -> Any:
+        if isinstance(outcome, _Failed):
+            if outcome.bug:
+                raise RuntimeError(f"store {self.path}: {what} failed:\n{outcome.message}")
+            raise StoreError(f"store {self.path}: {what} failed: {outcome.message}")
+        return outcome
 
     async def _query(self, what: str, sql: str, args: tuple = ()) -> list[tuple]:
         return await self._run(what, _query, self._backend.sql(sql), args)
@@ -133,10 +155,7 @@ class Store:
             return await self._run(what, fn, *args)
         if self._closed:
             raise StoreError(f"store {self.path}: {what} after close")
-        try:
-            return await self._reader.runInteraction(fn, *args)
-        except self._backend.errors as e:
-            raise StoreError(f"store {self.path}: {what} failed: {e}") from e
+        return self._result(what, await self._in(what, self._reader, False, fn, *args))
 
     def _write_group(self, items: list, durable: bool, what: str) -> Any:
         args = (self._backend, self.instance, self._backend.sql(_USAGE_INSERT), items)
@@ -287,23 +306,54 @@ class Store:
 # -- in the pool's thread ------------------------------------------------------------------
 
 
-def _durably(conn: Any, fn: Callable[..., T], *args: Any) -> T:
-    """Run `fn` as one SQLite transaction committed with synchronous = FULL (an fsync of the
-    WAL), then go back to NORMAL. (PostgreSQL's commits are durable as they are.)"""
-    conn.execute("PRAGMA synchronous = FULL")
+@frozen
+class _Failed:
+    """A store call that failed in the store's thread, told as text: all that crosses back."""
+
+    message: str
+    bug: bool = False  # not the database's failure: crossbar's own (a traceback as text)
+
+
+def _transaction(
+    conn: Any,
+    errors: tuple[type[BaseException], ...],
+    durable: bool,
+    fn: Callable[..., T],
+    *args: Any,
+) -> T | _Failed:
+    """Run `fn` on a cursor as one transaction, in the store's thread, and finish with it
+    there: commit, or roll back and return only the failure's text. `durable` (SQLite): the
+    commit syncs the WAL (synchronous = FULL), then NORMAL again.
+
+    Nothing of the database may be finalised on the reactor thread: an exception carried back
+    keeps its traceback, its frames keep the cursor, and a cursor freed there (by the garbage
+    collector, when the reactor thread drops the failure) waits for the connection's lock,
+    which this thread holds while it waits out busy_timeout on a file another process has
+    locked. Every request then stalled for seconds (docs/reference.md, "Store")."""
+    if durable:
+        conn.execute("PRAGMA synchronous = FULL")
+    cursor = conn.cursor()
+    failed: _Failed | None = None
     try:
-        cursor = conn.cursor()
-        try:
-            result = fn(cursor, *args)
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
-        finally:
-            cursor.close()
-        return result
+        result = fn(cursor, *args)
+        conn.commit()
+    except errors as e:
+        failed = _Failed(str(e) or type(e).__name__)
+    except Exception:
+        failed = _Failed(traceback.format_exc(), bug=True)
     finally:
-        conn.execute("PRAGMA synchronous = NORMAL")
+        cursor.close()
+    if failed is None:
+        if durable:
+            conn.execute("PRAGMA synchronous = NORMAL")
+        return result
+    try:
+        conn.rollback()
+        if durable:
+            conn.execute("PRAGMA synchronous = NORMAL")
+    except Exception:
+        pass
+    return failed
 
 
 def _begin(txn: Transaction, backend: Backend) -> None:

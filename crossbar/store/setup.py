@@ -18,8 +18,8 @@ from twisted.internet.threads import deferToThreadPool
 
 from crossbar.config import redact
 from crossbar.store.backends import (
-    BUSY_TIMEOUT_MS,
     SQLITE,
+    STORE_TIMEOUT,
     Backend,
     backend_for,
     postgres_defaults,
@@ -64,10 +64,11 @@ def connect(backend: Backend, db: str) -> Any:
     return psycopg.connect(db, **postgres_defaults(db))
 
 
-def init_connection(conn: sqlite3.Connection, memory: bool) -> None:
-    """Set up each new SQLite connection (adbapi's cp_openfun)."""
+def init_connection(conn: sqlite3.Connection, memory: bool, timeout: float = STORE_TIMEOUT) -> None:
+    """Set up each new SQLite connection (adbapi's cp_openfun); a write waits at most
+    `timeout` seconds for another process's lock."""
     try:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute(f"PRAGMA busy_timeout = {max(1, round(timeout * 1000))}")
         if not memory:
             (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
             if mode.lower() != "wal":
@@ -99,6 +100,10 @@ def migrate(conn: Any, backend: Backend = SQLITE) -> int:
     if backend is SQLITE:
         cur.execute("BEGIN IMMEDIATE")
     else:
+        # A migration may take longer than the store's statement timeout, and so may the
+        # wait for another instance migrating: not bounded, in this transaction only.
+        cur.execute("SET LOCAL statement_timeout = 0")
+        cur.execute("SET LOCAL lock_timeout = 0")
         cur.execute(f"SELECT pg_advisory_xact_lock({_MIGRATION_LOCK})")
     cur.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
     cur.execute("SELECT version FROM schema_version")

@@ -1,5 +1,7 @@
 """A TCP forwarder in front of PostgreSQL that a test can shut (every connection cut, new ones
-refused) and open again on the same port: the database going away and coming back."""
+refused) and open again on the same port: the database going away and coming back; or
+silence (nothing forwarded either way, every connection left open): a database that is
+alive but does not answer, as behind a network that drops packets."""
 
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ class _Tracked(ProxyServer):
     def connectionMade(self) -> None:
         self.factory.open_connections.add(self)
         super().connectionMade()
+        if self.factory.silent:
+            self.transport.pauseProducing()
 
     def connectionLost(self, reason: object) -> None:
         self.factory.open_connections.discard(self)
@@ -30,6 +34,7 @@ class _Forwarder(ProxyFactory):
     def __init__(self, host: str, port: int) -> None:
         super().__init__(host, port)
         self.open_connections: set[_Tracked] = set()
+        self.silent = False
 
 
 class DatabaseGate:
@@ -67,3 +72,19 @@ class DatabaseGate:
             server.transport.abortConnection()
             if server.peer is not None:
                 server.peer.transport.abortConnection()
+
+    def silence(self) -> None:
+        """Forward nothing either way and leave every connection open (new ones too)."""
+        self._factory.silent = True
+        for server in self._factory.open_connections:
+            server.transport.pauseProducing()
+            if server.peer is not None:
+                server.peer.transport.pauseProducing()
+
+    def speak(self) -> None:
+        """Forward again what waited, and what comes."""
+        self._factory.silent = False
+        for server in self._factory.open_connections:
+            server.transport.resumeProducing()
+            if server.peer is not None:
+                server.peer.transport.resumeProducing()
