@@ -11,8 +11,9 @@ last, the store.
 
 from __future__ import annotations
 
+import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from twisted.application.internet import StreamServerEndpointService, TimerService
@@ -25,6 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from crossbar.app.systemd import Notifier, Watchdog, watchdog_period
 from crossbar.app.wiring import Parts, Reconfigurable, Sites, build_parts, make_sites
 from crossbar.cluster import FOLLOW_EVERY
 from crossbar.config import Config, ConfigError, load_config
@@ -101,9 +103,13 @@ class CrossbarService(MultiService):
         reactor: Any,
         store: Store | None = None,
         endpoints: IAgentEndpointFactory | None = None,
+        environ: Mapping[str, str] = os.environ,
     ) -> None:
-        """`store` and `endpoints` replace the database and TCP to the hosts in tests."""
+        """`store` and `endpoints` replace the database and TCP to the hosts in tests;
+        `environ` says whether systemd asked to be notified (app/systemd.py)."""
         super().__init__()
+        self._notifier = Notifier.from_environ(environ)
+        self._watchdog = watchdog_period(environ)
         self.config = config
         self._running = config.server  # listeners and store as started: a reload keeps them
         self.reactor = reactor
@@ -149,6 +155,10 @@ class CrossbarService(MultiService):
         self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
         address = self.proxy_port.getHost()
         parts.instances.address = f"{getattr(address, 'host', '')}:{getattr(address, 'port', '')}"
+        if self._notifier is not None:
+            self._notifier.send("READY=1")
+            if self._watchdog is not None:
+                Watchdog(self._notifier, self._watchdog, reactor).setServiceParent(self)
         self._install_sighup()
         log.info(
             "crossbar listening on {listen} (admin {admin}); {hosts} hosts, {leases} leases",
@@ -229,6 +239,8 @@ class CrossbarService(MultiService):
 
     async def _stop(self) -> None:
         """Stop accepting, let running requests finish for shutdown_grace, abort the rest."""
+        if self._notifier is not None:
+            self._notifier.send("STOPPING=1")
         if self._starting is not None and not self._starting.called:
             self._starting.cancel()
         if self._previous_sighup is not None:

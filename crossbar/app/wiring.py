@@ -97,11 +97,14 @@ async def build_parts(
     hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
     await hosts.load_draining()
 
-    instances = Instances(store, config, instance, __version__, reactor.seconds(), journal.report)
+    instances = Instances(
+        store, config, instance, __version__, reactor.seconds(), journal.report, reactor
+    )
     limiter = Limiter(reactor, SharedSlots(hosts, instances), s.queue_max, s.queue_timeout, config)
     # What each part hears of the others, all here.
     instances.count_in_flight = limiter.total_in_flight
-    instances.listeners.append(limiter.resized_all)  # another instance came or went
+    instances.count_slots = limiter.in_flight_by_pair
+    instances.listeners.append(limiter.resized_all)  # the shares may have changed
     hosts.add_listener(limiter.resized)  # discovery or a reload changed a host's slots
     since = await store.last_change()  # before the leases: what comes after, the follower applies
     warmth = Warmth(config, reactor)

@@ -185,6 +185,10 @@ class Limiter:
         """Requests in flight over every (host, model)."""
         return sum(slots.in_flight for slots in self._slots.values())
 
+    def in_flight_by_pair(self) -> dict[tuple[str, str], int]:
+        """Requests in flight per (host, model), where any are (for the heartbeat)."""
+        return {key: s.in_flight for key, s in self._slots.items() if s.in_flight}
+
     def parallel(self, host: str, model: str) -> int:
         """Slots of (host, model) as configured or discovered (0 or less: not known)."""
         return self._parallel(host, model)
@@ -275,8 +279,10 @@ class Limiter:
         return self._routes[name].below_cap()
 
     def _limit(self, key: Pair) -> int:
-        # A parallel below 1 would strand every waiter until its timeout.
-        return max(1, self._parallel(*key))
+        # 0 is a share this instance may not use now (cluster/instances.py): its waiters wait
+        # for the next heartbeat's `resized_all`. Below that, nothing is known: one slot.
+        parallel = self._parallel(*key)
+        return 0 if parallel == 0 else max(1, parallel)
 
     def _release(self, key: Pair, slots: SlotEntry, state: RouteEntry, tracked: bool) -> Release:
         started = self._clock.seconds()

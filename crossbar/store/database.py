@@ -57,6 +57,7 @@ class InstanceRow:
     started: float
     heartbeat: float
     in_flight: int
+    slots: str = ""  # its requests in flight per (host, model): JSON {"host\tmodel": n}
 
 
 class Store:
@@ -374,16 +375,17 @@ def _heartbeat(
     (now,) = txn.fetchone()
     txn.execute(
         backend.sql(
-            "INSERT INTO instances (id, address, version, digest, started, heartbeat, in_flight) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
+            "INSERT INTO instances (id, address, version, digest, started, heartbeat, in_flight, "
+            "slots) VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET "
             "address = excluded.address, version = excluded.version, digest = excluded.digest, "
-            "heartbeat = excluded.heartbeat, in_flight = excluded.in_flight"
+            "heartbeat = excluded.heartbeat, in_flight = excluded.in_flight, "
+            "slots = excluded.slots"
         ),
-        (row.id, row.address, row.version, row.digest, row.started, now, row.in_flight),
+        (row.id, row.address, row.version, row.digest, row.started, now, row.in_flight, row.slots),
     )
     txn.execute(
-        "SELECT id, address, version, digest, started, heartbeat, in_flight FROM instances "
-        "ORDER BY id"
+        "SELECT id, address, version, digest, started, heartbeat, in_flight, slots "
+        "FROM instances ORDER BY id"
     )
     return now, [InstanceRow(*r) for r in txn.fetchall()]
 

@@ -2,10 +2,7 @@
 
 import json
 import os
-import pathlib
 import signal
-import subprocess
-import sys
 
 import pytest_twisted
 import treq
@@ -14,59 +11,7 @@ from twisted.internet.task import deferLater
 
 from crossbar.demo.launch import free_ports
 from tests.support.harness import MODEL, start_fakes, wait
-
-TWISTD = str(pathlib.Path(sys.executable).parent / "twistd")
-
-
-def config_text(port: int, admin: int, db: pathlib.Path, url: str, routes: list[str]) -> str:
-    lines = [
-        "[server]",
-        f'listen = "tcp:{port}:interface=127.0.0.1"',
-        f'admin_listen = "tcp:{admin}:interface=127.0.0.1"',
-        f'db = "{db}"',
-        'shutdown_grace = "20s"',
-        "[hosts.titan]",
-        f'url = "{url}"',
-        f'models = ["{MODEL}"]',
-    ]
-    for route in routes:
-        lines += [f"[routes.{route}]", 'hosts = ["titan"]']
-    return "\n".join(lines) + "\n"
-
-
-def spawn_twistd(config: pathlib.Path, log: pathlib.Path) -> subprocess.Popen:
-    """`twistd -n crossbar -c config`, logging to `log` (Popen returns at once)."""
-    return subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", f"--logfile={log}", "crossbar", "-c", str(config)],
-        cwd=config.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-
-
-async def status(url: str) -> int:
-    try:
-        response = await treq.get(url, timeout=2, persistent=False)
-        await response.content()
-        return response.code
-    except Exception:
-        return 0
-
-
-async def until_status(url: str, code: int, deadline: float = 30.0) -> None:
-    for _ in range(int(deadline / 0.1)):
-        if await status(url) == code:
-            return
-        await deferLater(reactor, 0.1, lambda: None)
-    raise AssertionError(f"{url} never answered {code}")
-
-
-async def exited(process: subprocess.Popen, deadline: float = 30.0) -> int:
-    for _ in range(int(deadline / 0.1)):
-        if process.poll() is not None:
-            return process.returncode
-        await deferLater(reactor, 0.1, lambda: None)
-    raise AssertionError("twistd did not exit")
+from tests.support.twistd import config_text, exited, spawn_twistd, status, until_status
 
 
 @pytest_twisted.ensureDeferred

@@ -15,9 +15,9 @@ from twisted.internet.defer import DeferredList, ensureDeferred
 from twisted.internet.task import deferLater
 
 from crossbar.demo.launch import free_ports
-from tests.app.test_twistd import exited, spawn_twistd, until_status
 from tests.support.admin_harness import conversation
 from tests.support.harness import MODEL, start_fakes
+from tests.support.twistd import exited, spawn_twistd, until_status
 
 INTERVAL = 1.0  # health_interval: heartbeats every second, dead after three missed
 

@@ -115,3 +115,10 @@ def test_execstart_runs_the_twistd_plugin_in_the_foreground_with_its_config(name
     options = Options()
     options.parseOptions(argv[argv.index("crossbar") + 1 :])
     assert options["config"] == config
+
+
+@each_unit
+def test_systemd_is_told_when_crossbar_listens_and_kills_a_frozen_one(name, config):
+    found = directives((UNITS / name).read_text())
+    assert found["Type"] == ["notify"] and found["NotifyAccess"] == ["main"]
+    assert found["WatchdogSec"] == ["10s"]

@@ -15,8 +15,8 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from crossbar.demo.launch import free_ports
-from tests.app.test_twistd import TWISTD, config_text, until_status
 from tests.support.harness import MODEL, start_fakes
+from tests.support.twistd import TWISTD, config_text, until_status
 
 pytestmark = pytest.mark.skipif(
     not hasattr(resource, "prlimit"), reason="needs Linux prlimit to lift the limit again"
