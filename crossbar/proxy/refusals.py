@@ -33,6 +33,12 @@ def for_exception(error: Exception, where: Where) -> ClientError:
                 retry_after=5,
                 status=502,
             )
+        if error.reason == "no local resources":
+            return unavailable(
+                f"crossbar cannot open a connection to host {host} now ({error.detail}); "
+                "try again shortly",
+                5,
+            )
         if error.reason == "not http":
             return ClientError(
                 502,

@@ -318,7 +318,7 @@ class ProxyResource(Resource):
             except UpstreamFailure as failure:
                 release()
                 ex.error = f"upstream {failure.reason}"
-                if failure.connecting:
+                if failure.connecting and not failure.blameless:
                     ejected = self._hosts.passive_failure(host, failure.reason, call.candidates)
                     if ejected and call.kind is Kind.INFERENCE and failed is None:
                         # A second host, the only one: the lease moves (unhealthy) on this

@@ -10,6 +10,7 @@ that follows it is a cancellation.
 
 from __future__ import annotations
 
+import errno
 import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
@@ -149,20 +150,36 @@ class UpstreamFailure(Exception):
     failure alone: a request that crashes hosts must not eject the fleet; the probes judge
     the host. `reused`: it happened on a pooled connection, which is a keep-alive race to
     retry once on a fresh connection to the same host. `detail` says what was not HTTP.
+    `blameless`: it never reached the host, and not for anything the host did: this process
+    ran out of file descriptors or ports, or its reactor was stalled (frozen, starved) past the
+    connect timeout, so the timeout fired late. Such a failure says nothing of the host: it
+    never ejects one, nor moves a conversation.
     """
 
     reason: str  # refused, connect timeout, connect failed, reset, not http, idle timeout
     connecting: bool
     reused: bool = False
     detail: str = ""
+    blameless: bool = False
 
 
-def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
-    """Map a request failure to an UpstreamFailure, or None when it is something else."""
+# A connect that fails with one of these ran out of this process's or machine's resources.
+_OWN_FAULTS = {errno.EMFILE, errno.ENFILE, errno.EADDRNOTAVAIL, errno.ENOBUFS, errno.ENOMEM}
+# A connect timeout that fired this much later than due was the reactor's lateness.
+_LATE = 1.0
+
+
+def classify(failure: Failure, reused: bool, late: bool = False) -> UpstreamFailure | None:
+    """Map a request failure to an UpstreamFailure, or None when it is something else.
+    `late`: the request took longer than its connect timeout and this much more."""
     if failure.check(ierror.ConnectionRefusedError):
         return UpstreamFailure("refused", connecting=True)
     if failure.check(ierror.TimeoutError):
-        return UpstreamFailure("connect timeout", connecting=True)
+        return UpstreamFailure("connect timeout", connecting=True, blameless=late)
+    if failure.check(ierror.ConnectError) and _own_fault(failure.value):
+        return UpstreamFailure(
+            "no local resources", connecting=True, detail=str(failure.value), blameless=True
+        )
     if failure.check(ierror.ConnectError, ierror.DNSLookupError):
         return UpstreamFailure("connect failed", connecting=True)
     garbage = not_http(failure)
@@ -174,6 +191,13 @@ def classify(failure: Failure, reused: bool) -> UpstreamFailure | None:
         # No response (or only part of its head) arrived: to the client, nothing was sent yet.
         return UpstreamFailure("reset", connecting=False, reused=reused)
     return None
+
+
+def _own_fault(error: BaseException) -> bool:
+    number = getattr(error, "osError", None)
+    if isinstance(number, BaseException):
+        number = getattr(number, "errno", None)
+    return number in _OWN_FAULTS
 
 
 @implementer(IBodyProducer)
@@ -248,14 +272,17 @@ class Upstream:
         try:
             return await self._attempt(out, fresh=False)
         except UpstreamFailure as failure:
-            if not failure.reused:
+            if not (failure.reused or failure.blameless):
                 raise
-        # A pooled connection died under us: a keep-alive race, not the host. Once, fresh.
+        # A pooled connection died under us (a keep-alive race), or the connect failed for
+        # nothing the host did (our reactor was late, our descriptors ran out): not the
+        # host. Once more, fresh.
         return await self._attempt(out, fresh=True)
 
     async def _attempt(self, out: Outgoing, fresh: bool) -> IResponse:
         agent = self._fresh if fresh else self._agent
         opened = self._endpoints.connects
+        started = self._reactor.seconds()
         producer = _Bytes(out.body) if out.body is not None else None
         d = agent.request(out.method, out.url, out.headers, producer)
         reused = not fresh and self._endpoints.connects == opened
@@ -292,7 +319,8 @@ class Upstream:
                 # Never retried: a silent host is not a keep-alive race, and resending doubles
                 # its work.
                 raise UpstreamFailure("idle timeout", connecting=False) from None
-            mapped = classify(Failure(), reused)
+            late = self._reactor.seconds() - started > self._connect_timeout + _LATE
+            mapped = classify(Failure(), reused, late)
             if mapped is None:
                 raise
             raise mapped from None

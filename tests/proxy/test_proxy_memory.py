@@ -284,3 +284,47 @@ def test_a_stream_cut_by_a_stop_is_charged_its_tokens_and_says_shutdown():
     assert drained == [1]
     (row,) = crossbar.store.usage
     assert (row.completion_tokens, row.error) == (7, "shutdown")
+
+
+def test_a_connect_timeout_that_fires_late_blames_the_reactor_not_the_host():
+    # The process was frozen (or starved) past the connect timeout: the timer fires long after
+    # it was due. That says nothing of the host: it stays, and so does the conversation.
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["titan"] = net.on_request["atlas"] = lambda host: host.answer()
+    first = crossbar.post(CHAT, chat("kept"))
+    assert first.header(b"X-Crossbar-Host") == b"titan"
+    for host in net.connections["titan"]:
+        host.transport.loseConnection()  # no pooled connection left: the next one connects
+    net.flush()
+    net.hanging.add("titan")
+    client = crossbar.post(CHAT, chat("kept"))
+    net.hanging.discard("titan")  # it would have connected: the reactor was not there
+    net.clock.advance(20)  # frozen for 20 s: the 5 s timeout fires 15 s late
+    net.flush()
+    assert client.status == 200 and client.header(b"X-Crossbar-Host") == b"titan"
+    assert crossbar.parts.hosts.healthy("titan")
+    assert [e.reason for e in crossbar.store.events] == ["new"]  # nothing moved
+
+
+def test_a_connect_timeout_on_time_still_takes_the_host_out():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["atlas"] = lambda host: host.answer()
+    net.hanging.add("titan")
+    client = crossbar.post(CHAT, chat())
+    net.clock.advance(5)
+    net.flush()
+    assert client.status == 200 and client.header(b"X-Crossbar-Host") == b"atlas"
+    assert not crossbar.parts.hosts.healthy("titan")
+
+
+def test_running_out_of_descriptors_is_crossbars_fault_not_the_hosts():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    net.on_request["atlas"] = lambda host: host.answer()
+    net.out_of_fds.add("titan")
+    client = crossbar.post(CHAT, chat())
+    assert client.status == 503 and b"Too many open files" in client.received
+    assert crossbar.parts.hosts.healthy("titan")  # no host ejected, no conversation moved
+    assert "atlas" not in net.connections

@@ -8,6 +8,7 @@ byte that can move, and nothing else happens until the test says so.
 
 from __future__ import annotations
 
+import errno
 import json
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +17,7 @@ from attrs import define, field
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.error import ConnectError, ConnectionRefusedError, TimeoutError
 from twisted.internet.interfaces import (
     IHostnameResolver,
     IReactorPluggableNameResolver,
@@ -110,6 +111,13 @@ class _Endpoint:
         return self.net.connect_host(self.name, factory)
 
 
+class OwnFault(ConnectError):
+    """What a connect raises when this process is out of file descriptors."""
+
+    def __init__(self) -> None:
+        super().__init__(errno.EMFILE, "Too many open files")
+
+
 @implementer(IHostnameResolver)
 @define
 class StalledNames:
@@ -149,6 +157,9 @@ class Net:
     pumps: list[IOPump] = field(factory=list)
     connections: dict[str, list[Host]] = field(factory=dict)
     refusing: set[str] = field(factory=set)
+    hanging: set[str] = field(factory=set)  # connects that neither succeed nor fail by themselves
+    out_of_fds: set[str] = field(factory=set)  # connects that fail here: no descriptor left
+    connect_timeout: float = 5.0
     stall: set[str] = field(factory=set)  # hosts whose name lookups never finish
     names: StalledNames = field(factory=StalledNames)
     on_request: dict[str, Callable[[Host], None]] = field(factory=dict)
@@ -159,6 +170,16 @@ class Net:
     def connect_host(self, name: str, factory: Any) -> Deferred:
         if name in self.refusing:
             return fail(ConnectionRefusedError())
+        if name in self.out_of_fds:
+            return fail(OwnFault())
+        if name in self.hanging:
+            # A host that takes no connection: the connect times out, as a TCP endpoint's
+            # does, `connect_timeout` seconds later on the net's clock (later if the clock
+            # jumps past it: a frozen process).
+            pending: Deferred = Deferred()
+            timer = self.clock.callLater(self.connect_timeout, pending.errback, TimeoutError())
+            pending.addBoth(lambda result: (timer.active() and timer.cancel(), result)[1])
+            return pending
         client = factory.buildProtocol(None)
         host = Host(self, name)
         self.connections.setdefault(name, []).append(host)
