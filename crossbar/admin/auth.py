@@ -4,7 +4,8 @@ With `server.admin_token` set, a request must carry `Authorization: Bearer <toke
 constant time). Without one, only loopback clients are served, and two browser attacks on a
 loopback service are refused as well: DNS rebinding (a page whose host name resolves to
 127.0.0.1 reads the API as its own origin: the `Host` header must be a loopback name) and
-cross-site requests (a page elsewhere POSTs to 127.0.0.1: a browser's `Origin` must be ours).
+cross-site requests (a page elsewhere POSTs to 127.0.0.1: a browser's `Origin`, `Sec-Fetch-Site`
+and `Referer` must all say ours where they are sent).
 The client address is the TCP peer; `X-Forwarded-For` is never believed.
 """
 
@@ -48,10 +49,26 @@ def check_local(request: Any) -> None:
             f"the admin API is reached by loopback names only (not {host!r}) while "
             "server.admin_token is empty; use 127.0.0.1 or localhost, or set a token"
         )
+    if request.method not in _SAFE_METHODS:
+        refuse_cross_site(request, host)
+
+
+def refuse_cross_site(request: Any, host: str | None) -> None:
+    """Raise a 403 ClientError when a browser says a state-changing request comes from a page
+    elsewhere: its `Origin` is another (or "null"), its `Sec-Fetch-Site` is `cross-site` or
+    `same-site` (another port or subdomain: a different origin all the same), or its
+    `Referer` is another origin's. A browser sends at least one of them; a script need not,
+    and is held back by the loopback rule instead."""
+    ours = (host or "").lower()
     origin = _header(request, b"origin")
-    if request.method not in _SAFE_METHODS and origin is not None:
-        if origin == "null" or urlsplit(origin).netloc.lower() != (host or "").lower():
-            raise forbidden(f"cross-site request from {origin!r} refused")
+    if origin is not None and (origin == "null" or urlsplit(origin).netloc.lower() != ours):
+        raise forbidden(f"cross-site request from {origin!r} refused")
+    site = (_header(request, b"sec-fetch-site") or "").lower()
+    if site in ("cross-site", "same-site"):
+        raise forbidden(f"cross-site request refused (Sec-Fetch-Site: {site})")
+    referer = _header(request, b"referer")
+    if referer is not None and urlsplit(referer).netloc.lower() != ours:
+        raise forbidden("cross-site request refused (its Referer is another origin's)")
 
 
 def is_loopback(address: Any) -> bool:

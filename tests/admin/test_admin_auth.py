@@ -191,3 +191,28 @@ def test_loopback_addresses(host, loopback):
 )  # fmt: skip
 def test_loopback_names(name, loopback):
     assert is_loopback_name(name) is loopback
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_token_a_page_elsewhere_is_refused_whatever_header_gives_it_away(
+    tmp_path, serve
+):
+    # A browser may leave Origin out of a form POST, but then says Sec-Fetch-Site, or sends
+    # a Referer: any of them naming another origin refuses the change.
+    fakes = await start_fakes("titan")
+    crossbar = await serve(write_config(tmp_path / "c.toml", fakes, ROUTES), fakes)
+    port = crossbar.service.admin_port.getHost().port
+    for headers in (
+        {"Sec-Fetch-Site": "cross-site"},
+        {"Sec-Fetch-Site": "same-site"},  # another port of localhost: another origin
+        {"Referer": "http://evil.example/page"},
+        {"Referer": f"http://127.0.0.1:{port + 1}/"},
+    ):
+        code, body, _ = await crossbar.call("POST", "/api/hosts/titan/drain", **headers)
+        assert code == 403 and "cross-site request" in body["error"]["message"], headers
+    assert not crossbar.parts.hosts.draining("titan")
+    code, _, _ = await crossbar.call("GET", "/api/hosts", **{"Sec-Fetch-Site": "cross-site"})
+    assert code == 200  # reading is not refused: the page cannot read the answer anyway
+    ours = {"Sec-Fetch-Site": "same-origin", "Referer": f"http://127.0.0.1:{port}/"}
+    code, body, _ = await crossbar.call("POST", "/api/hosts/titan/drain", **ours)
+    assert (code, body) == (200, {"host": "titan", "draining": True})  # the dashboard's own
