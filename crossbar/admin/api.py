@@ -38,7 +38,7 @@ from crossbar.admin.views import (
 )
 from crossbar.cluster import Instances
 from crossbar.config import Config
-from crossbar.handoff import Evacuator
+from crossbar.handoff import Evacuator, HandoffStore
 from crossbar.hosts import Hosts
 from crossbar.leases import Journal, StoreUnavailable, Table, Warmth
 from crossbar.limiter import Limiter
@@ -81,6 +81,7 @@ class AdminParts:
     instances: Instances
     warmth: Warmth
     evacuator: Evacuator | None = None
+    kept: HandoffStore | None = None  # the hand-off store (its state in /api/status)
 
 
 Handler = Callable[..., Awaitable[Any]]
@@ -266,9 +267,15 @@ class Admin:
         store["unsaved_usage_rows"] = len(usage.unsaved)
         store["dropped_usage_rows"] = usage.dropped
         healthy = sum(1 for h in self._hosts.names() if self._hosts.healthy(h))
+        kept = self._parts.kept
+        handoff = {"enabled": kept is not None and kept.enabled}
+        if kept is not None and kept.enabled:
+            handoff.update(kept.stats(), directory=kept.directory)
+        degraded = store["degraded"] or bool(handoff.get("error"))
         return {
-            "status": "degraded" if store["degraded"] else "ok",
+            "status": "degraded" if degraded else "ok",
             "store": store,
+            "handoff_store": handoff,
             "hosts": {"configured": len(self._hosts.names()), "healthy": healthy},
             "leases": len(self._table),
             "started": self._started,

@@ -174,7 +174,7 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     )  # fmt: skip
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,
-        p.instances, p.warmth, p.handoff.evacuator,
+        p.instances, p.warmth, p.handoff.evacuator, p.handoff.store,
     )  # fmt: skip
     api = Admin(config, admin_parts, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)

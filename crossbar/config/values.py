@@ -7,6 +7,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from attrs import field, frozen
 from twisted.internet.endpoints import serverFromString
@@ -304,6 +305,38 @@ def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
     return hosts
 
 
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1"}
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def server_of(url: str) -> tuple[str, str, int, str]:
+    """What a host URL names, compared: scheme, host (every loopback name one), port (the
+    scheme's default when unset), path without a trailing slash."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower().rstrip(".")
+    if host in _LOOPBACK or host.startswith("127."):
+        host = "loopback"
+    port = parts.port or _DEFAULT_PORTS.get(parts.scheme, 0)
+    return parts.scheme, host, port, parts.path.rstrip("/")
+
+
+def _check_one_name_per_server(errors: Errors, hosts: dict[str, HostConfig]) -> None:
+    """Two names for one llama-server would book its slots twice (its `parallel` under each)."""
+    seen: dict[tuple[str, str, int, str], str] = {}
+    for name, host in hosts.items():
+        if not host.url:
+            continue
+        server = server_of(host.url)
+        first = seen.setdefault(server, name)
+        if first != name:
+            errors.add(
+                f"hosts.{name}.url",
+                f"{quote(host.url)} is the same server as hosts.{first} "
+                f"({quote(hosts[first].url)}): one name per server, or its slots are booked "
+                "twice",
+            )
+
+
 def parse_config(data: dict[str, Any], path: str = "") -> Config:
     """Build a Config from parsed TOML, or raise ConfigError listing every problem."""
     errors = Errors()
@@ -316,6 +349,7 @@ def parse_config(data: dict[str, Any], path: str = "") -> Config:
     config = Config(server, hosts, routes, tuple(templates), path)
     if not hosts:
         errors.add("hosts", "no hosts configured (add a [hosts.<name>] table)")
+    _check_one_name_per_server(errors, hosts)
     host_models: dict[str, set[str] | None] = {
         name: None if h.discover else set(h.model_names) for name, h in hosts.items()
     }

@@ -3,7 +3,8 @@ bodies, the prewarm), evacuating a host, and rebalancing idle conversations off 
 """
 
 from crossbar.handoff.evacuate import Evacuator
+from crossbar.handoff.kept import HandoffStore
 from crossbar.handoff.parts import HandoffParts, build_handoff
 from crossbar.handoff.rebalance import TICK
 
-__all__ = ["TICK", "Evacuator", "HandoffParts", "build_handoff"]
+__all__ = ["TICK", "Evacuator", "HandoffParts", "HandoffStore", "build_handoff"]

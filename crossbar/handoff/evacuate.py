@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import Counter
 
 from attrs import define, field
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, DeferredLock
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
@@ -82,6 +82,7 @@ class Evacuator:
         self._chooser = chooser
         self._handoff = handoff
         self.evacuations: dict[str, Evacuation] = {}
+        self._starting: dict[str, DeferredLock] = {}
 
     def reconfigure(self, config: Config) -> None:
         self._config = config
@@ -89,6 +90,16 @@ class Evacuator:
     async def start(self, host: str) -> Evacuation:
         """Drain `host` and start moving its conversations (raises NoSuchHost); an
         evacuation already running is returned as it is."""
+        # One start per host at a time: a second one that comes while the first writes its
+        # drain waits for it, and is then answered with the evacuation it began.
+        lock = self._starting.setdefault(host, DeferredLock())
+        try:
+            return await lock.run(lambda: Deferred.fromCoroutine(self._start(host)))
+        finally:
+            if not lock.locked and not lock.waiting:
+                self._starting.pop(host, None)
+
+    async def _start(self, host: str) -> Evacuation:
         current = self.evacuations.get(host)
         if current is not None and current.running:
             return current

@@ -60,13 +60,32 @@ class _Files:
         if len(data) > self.capacity:
             self.drop(name)
             return
-        tmp = self._path(name + ".tmp")
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, self._path(name))
+        try:
+            self._write(name, data)
+        except FileNotFoundError:
+            # The directory went (a tmp cleaner, an operator): its files with it. Make it
+            # again, forget what it held, and write this one.
+            os.makedirs(self.directory, mode=0o700, exist_ok=True)
+            with self.lock:
+                self.sizes.clear()
+                self.used = 0
+            self._write(name, data)
         with self.lock:
             self.used += len(data) - self.sizes.pop(name, 0)
             self.sizes[name] = len(data)
+        self._evict()
+
+    def _write(self, name: str, data: bytes) -> None:
+        tmp = self._path(name + ".tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self._path(name))
+        except OSError:
+            self._unlink(name + ".tmp")  # a full disk leaves no half-written file behind
+            raise
+
+    def _evict(self) -> None:
         while self.used > self.capacity:
             with self.lock:
                 oldest, size = self.sizes.popitem(last=False)
@@ -74,13 +93,21 @@ class _Files:
                 self.evicted += 1
             self._unlink(oldest)
 
-    def apply(self, batch: dict[str, bytes | None]) -> None:
-        """Write the batch's bodies and delete its Nones, in order."""
+    def apply(self, batch: dict[str, bytes | None]) -> str | None:
+        """Write the batch's bodies and delete its Nones, in order; why the last that failed
+        did (a full disk, a directory that cannot be made), or None when all went."""
+        failed = None
         for name, body in batch.items():
-            if body is None:
-                self.drop(name)
-            else:
-                self.keep(name, body)
+            try:
+                if body is None:
+                    self.drop(name)
+                else:
+                    self.keep(name, body)
+            except OSError as e:
+                failed = f"{e.strerror or e} ({self.directory})"
+                with self.lock:  # whatever it held of this body is not there
+                    self.used -= self.sizes.pop(name, 0)
+        return failed
 
     def load(self, name: str) -> bytes | None:
         with self.lock:
@@ -107,6 +134,8 @@ class _Files:
             os.unlink(self._path(name))
         except FileNotFoundError:
             pass
+        except OSError:
+            pass  # a file that cannot be deleted now is not kept in the index either
 
 
 class HandoffStore:
@@ -127,6 +156,7 @@ class HandoffStore:
         self._pending: dict[str, bytes | None] = {}  # asked, not yet handed to the thread
         self._waiters: list[Deferred[None]] = []
         self._writing = False
+        self.error: str | None = None  # why the last batch could not be written, until one is
 
     @property
     def enabled(self) -> bool:
@@ -136,17 +166,19 @@ class HandoffStore:
     def directory(self) -> str | None:
         return None if self._files is None else self._files.directory
 
-    def stats(self) -> dict[str, int]:
-        """Bodies kept, their bytes on disk, the capacity and how many were evicted."""
+    def stats(self) -> dict[str, Any]:
+        """Bodies kept, their bytes on disk, the capacity, how many were evicted, and why
+        it cannot write now (None when it can)."""
         files = self._files
         if files is None:
-            return {"bodies": 0, "bytes": 0, "capacity": 0, "evicted": 0}
+            return {"bodies": 0, "bytes": 0, "capacity": 0, "evicted": 0, "error": None}
         with files.lock:
             return {
                 "bodies": len(files.sizes),
                 "bytes": files.used,
                 "capacity": files.capacity,
                 "evicted": files.evicted,
+                "error": self.error,
             }
 
     def keep(self, key: Key, body: bytes) -> None:
@@ -186,10 +218,21 @@ class HandoffStore:
         waiters, self._waiters = self._waiters, []
         self._writing = True
         d = self._run(self._files.apply, batch)
-        d.addBoth(self._written, waiters)
+        d.addBoth(self._written, waiters, bool(batch))
 
-    def _written(self, _: object, waiters: list[Deferred[None]]) -> None:
+    def _written(self, failed: object, waiters: list[Deferred[None]], wrote: bool) -> None:
         self._writing = False
+        failed = failed if isinstance(failed, str) else None
+        if not wrote:  # a flush with nothing to write says nothing of the disk
+            failed = self.error
+        if failed and not self.error:
+            log.error(
+                "hand-off store cannot write: {why}; conversations move cold until it can",
+                why=failed,
+            )
+        elif self.error and not failed:
+            log.info("hand-off store writes again")
+        self.error = failed
         for waiter in waiters:
             waiter.callback(None)
         self._kick()

@@ -382,3 +382,33 @@ def test_usage_raw_retention_and_metrics_routes_are_read_and_checked():
         "server.usage_raw_retention",
         "server.metrics_routes",
     ]
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        ("http://10.0.0.5:8080", "http://10.0.0.5:8080"),
+        ("http://localhost:8080", "http://127.0.0.1:8080"),
+        ("http://[::1]:8080", "http://localhost:8080"),
+        ("http://gpu:8080/", "http://GPU:8080"),
+        ("http://gpu", "http://gpu:80"),
+        ("https://gpu/llama/", "https://gpu:443/llama"),
+    ],
+)
+def test_two_names_for_one_server_are_refused_with_the_dotted_path(first, second):
+    hosts = {
+        "titan": {"url": first, "models": ["m"]},
+        "atlas": {"url": second, "models": ["m"]},
+    }
+    (error,) = errors_of({"hosts": hosts})
+    assert error.startswith("hosts.atlas.url: ") and "the same server as hosts.titan" in error
+
+
+def test_one_server_behind_two_paths_or_ports_is_two_hosts():
+    hosts = {
+        "a": {"url": "http://gpu:8080", "models": ["m"]},
+        "b": {"url": "http://gpu:8081", "models": ["m"]},
+        "c": {"url": "http://gpu:8080/other", "models": ["m"]},
+        "d": {"url": "https://gpu:8080", "models": ["m"]},
+    }
+    assert set(parse_config({"hosts": hosts}).hosts) == {"a", "b", "c", "d"}

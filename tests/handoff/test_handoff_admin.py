@@ -68,3 +68,34 @@ async def test_evacuate_answers_at_once_with_the_progress_and_refuses_unknown_ho
         assert 'crossbar_requests_total{host="atlas"' not in metrics
     finally:
         await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_hand_off_store_that_cannot_write_shows_in_the_status_and_heals(tmp_path):
+    import shutil
+
+    fakes = await start_fakes("titan", "atlas")
+    work = tmp_path / "state"
+    work.mkdir()
+    server = {"handoff_store": "8MiB", "db": str(work / "c.db")}
+    path = write_config(tmp_path / "c.toml", fakes, ROUTES, server=server)
+    crossbar = await start_service(path, fakes)
+    try:
+        store = crossbar.parts.handoff.store
+        shutil.rmtree(store.directory)  # the hand-off directory goes...
+        (tmp_path / "blocker").write_text("")
+        blocked = store.directory
+        store._files.directory = str(tmp_path / "blocker" / "sub")  # ...and cannot be made
+        await crossbar.chat("convo", conversation("a"))
+        await store.flushed()
+        status = await crossbar.get("/api/status")
+        assert status["status"] == "degraded" and status["handoff_store"]["error"]
+        assert status["store"]["degraded"] is False  # the lease store is fine: only moves go cold
+        store._files.directory = blocked  # an operator mends it; nothing is restarted
+        await crossbar.chat("convo", conversation("b"))
+        await store.flushed()
+        status = await crossbar.get("/api/status")
+        assert status["status"] == "ok" and status["handoff_store"]["error"] is None
+        assert status["handoff_store"]["bodies"] == 1
+    finally:
+        await crossbar.stop()

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 import pytest_twisted
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, ensureDeferred
 
 from crossbar.leases.table import Key
 from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, turn, wait
@@ -183,3 +183,19 @@ async def post(crossbar: Crossbar, path: str, body: dict[str, Any]) -> None:
     )
     assert response.code == 200, await response.content()
     await response.content()
+
+
+@pytest_twisted.ensureDeferred
+async def test_three_evacuations_of_one_host_at_once_are_one_evacuation():
+    crossbar, _ = await fleet_with_conversations("8MiB", 20)
+    try:
+        evacuator = crossbar.parts.handoff.evacuator
+        started = [ensureDeferred(evacuator.start("a")) for _ in range(3)]
+        evacuations = [await wait(d) for d in started]
+        assert evacuations[0] is evacuations[1] is evacuations[2]  # the running one's progress
+        await wait(evacuations[0].done, 30)
+        view = evacuations[0].view()
+        assert (view["moved"], view["failed"], view["total"]) == (20, 0, 20)
+        assert crossbar.parts.table.count("a", MODEL) == 0
+    finally:
+        await crossbar.stop()

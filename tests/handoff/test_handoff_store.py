@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import zlib
 
 import pytest_twisted
@@ -103,3 +104,54 @@ async def test_bodies_asked_while_a_batch_is_written_go_in_the_next_one_newest_o
         assert await wait(store.load(key(2))) == body(2, 2000)
     finally:
         store.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_deleted_directory_is_made_again_and_nothing_is_logged_as_a_crash(tmp_path):
+    from twisted.logger import globalLogPublisher
+
+    seen = []
+    globalLogPublisher.addObserver(seen.append)
+    store = HandoffStore(reactor, 1 << 20, 1 << 20, str(tmp_path))
+    try:
+        store.keep(key(1), body(1))
+        await wait(store.flushed())
+        shutil.rmtree(store.directory)  # a tmp cleaner, an operator's rm
+        store.keep(key(2), body(2))
+        await wait(store.flushed())
+        assert await wait(store.load(key(2))) == body(2)  # written into the directory made again
+        assert await wait(store.load(key(1))) is None  # gone with the old one: moves go cold
+        assert store.stats()["bodies"] == 1 and store.stats()["error"] is None
+    finally:
+        globalLogPublisher.removeObserver(seen.append)
+        store.close()
+    assert not [e for e in seen if e.get("log_failure") is not None]  # no traceback
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_store_that_cannot_write_says_so_once_and_recovers_by_itself(tmp_path):
+    from twisted.logger import globalLogPublisher
+
+    seen = []
+    globalLogPublisher.addObserver(seen.append)
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    store = HandoffStore(reactor, 1 << 20, 1 << 20, str(parent))
+    try:
+        shutil.rmtree(parent)  # the directory and its parent: it cannot be made again
+        (tmp_path / "parent").write_text("a file where the directory was")
+        for n in range(3):
+            store.keep(key(n), body(n))
+            await wait(store.flushed())
+        assert store.stats()["error"] and "parent" in store.stats()["error"]
+        said = [e for e in seen if "hand-off store cannot write" in str(e.get("log_format"))]
+        assert len(said) == 1  # once, not per write
+        os.unlink(tmp_path / "parent")
+        store.keep(key(9), body(9))
+        await wait(store.flushed())
+        assert store.stats()["error"] is None
+        assert await wait(store.load(key(9))) == body(9)
+    finally:
+        globalLogPublisher.removeObserver(seen.append)
+        store.close()
+    assert not [e for e in seen if e.get("log_failure") is not None]
