@@ -40,6 +40,14 @@ class Route:
     rebalance_after: float = 30.0  # how long a queue must stay non-empty
     rebalance_idle: float = 20.0  # only conversations idle this long move
     rebalance_per_minute: int = 10  # moves per minute at most, for the route
+    # Output tokens a request gets when it sets no limit, and the most any gets (None: off).
+    max_tokens_default: int | None = None
+    max_tokens_cap: int | None = None
+
+    @property
+    def limits_output(self) -> bool:
+        """Whether the route sets its requests' output limits (max_tokens_default/_cap)."""
+        return self.max_tokens_default is not None or self.max_tokens_cap is not None
 
     def per_route(self) -> bool:
         """True for affinity = "route": every request of the route shares one lease per model."""
@@ -129,7 +137,15 @@ def read_route_body(table: Section, name: str) -> Route:
         rebalance_after=table.duration("rebalance_after", 30.0),
         rebalance_idle=table.duration("rebalance_idle", 20.0),
         rebalance_per_minute=table.integer("rebalance_per_minute", 10),
+        max_tokens_default=table.integer("max_tokens_default", None),
+        max_tokens_cap=table.integer("max_tokens_cap", None),
     )
+    cap, default = route.max_tokens_cap, route.max_tokens_default
+    if cap is not None and default is not None and default > cap:
+        table.errors.add(
+            table.sub("max_tokens_default"),
+            f"must be at most max_tokens_cap ({cap}), not {default}",
+        )
     for key in unqueued:
         table.errors.add(table.sub(key), "needs queue = true")
     return route

@@ -8,6 +8,7 @@ itself, and keeps the running requests so a stop can drain them.
 
 from __future__ import annotations
 
+import json
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -46,6 +47,7 @@ from crossbar.wire import (
     bad_request,
     classify,
     header_reader,
+    limit_output,
     not_found,
     prepare,
     renamed_body,
@@ -263,6 +265,12 @@ class ProxyResource(Resource):
         route, dialect, method, path = target.route, target.dialect, target.method, target.path
         raw = request.content.read()
         body = request_body(kind, dialect, method, path, raw)
+        if kind is Kind.INFERENCE and route.limits_output:
+            limited = limit_output(
+                body, dialect.output_fields, route.max_tokens_default, route.max_tokens_cap
+            )
+            if limited is not None:
+                body, raw = limited, json.dumps(limited).encode()
         query = urlsplit(request.uri.decode("utf-8", "replace")).query
         peer = getattr(request.getClientAddress(), "host", "")
         headers, secure = request.requestHeaders, request.isSecure()

@@ -4,7 +4,7 @@ the request to a host and its connections, the relay of the host's answer back, 
 read from it as it passes. Knows nothing of leases, slots or the store.
 """
 
-from crossbar.wire.bodies import canonical
+from crossbar.wire.bodies import canonical, limit_output
 from crossbar.wire.dialects import OPENAI_CHAT, Dialect, ErrorShape, Kind, classify
 from crossbar.wire.endpoints import HostEndpoints, authorization, no_delay
 from crossbar.wire.errors import (
@@ -56,6 +56,7 @@ __all__ = [
     "head_too_large",
     "header_reader",
     "json_object",
+    "limit_output",
     "no_delay",
     "not_found",
     "phrase",

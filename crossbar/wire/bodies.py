@@ -152,3 +152,29 @@ def prompt_chars(body: Any) -> int:
         except (TypeError, ValueError, RecursionError):
             pass  # a schema too odd to measure counts nothing; the host will say
     return total
+
+
+def limit_output(
+    body: Any, fields: tuple[str, ...], default: int | None, cap: int | None
+) -> dict[str, Any] | None:
+    """`body` with its output limit set where the route sets one, or None when nothing
+    changes. `fields` are the dialect's limit fields, the one it sets first: when the request
+    sets none of them (or only a negative or null one: unlimited, to llama-server), the first
+    gets `default` (else `cap`); every one above `cap` is brought down to it."""
+    if not isinstance(body, dict) or not fields or (default is None and cap is None):
+        return None
+    out = None
+    given = [f for f in fields if isinstance(body.get(f), int) and not isinstance(body[f], bool)]
+    limited = [f for f in given if body[f] >= 0]
+    if not limited:
+        wanted = default if default is not None else cap
+        out = {**body, fields[0]: wanted}
+        for f in given:  # n_predict = -1 and the like: unlimited, which the route is not
+            out[f] = wanted
+        return out
+    if cap is not None:
+        for f in limited:
+            if body[f] > cap:
+                out = out or dict(body)
+                out[f] = cap
+    return out

@@ -63,6 +63,9 @@ class Dialect:
     read_id: meter.IdReader = meter.openai_id
     errors: ErrorShape = ErrorShape.OPENAI
     array_bodies: frozenset[str] = frozenset()  # paths whose POST body is a JSON array
+    # The fields that limit a request's output tokens, the one to set first: what a route's
+    # max_tokens_default and max_tokens_cap write (none: the API generates no tokens).
+    output_fields: tuple[str, ...] = ()
 
     def meter(self, stream: bool, on_id: Callable[[str], None]) -> meter.Meter:
         """A meter reading this dialect's answers."""
@@ -103,18 +106,21 @@ OPENAI_CHAT = Dialect(
     raw_prompt=bodies.raw_prompt,
     named_id=_control_id,
     count_request=_chat_count,
+    output_fields=("max_tokens", "max_completion_tokens", "n_predict"),
 )
 OPENAI_COMPLETIONS = Dialect(
     "openai-completions",
     {"/v1/completions": Kind.INFERENCE},
     raw_prompt=bodies.raw_prompt,
     count_request=_tokenize,
+    output_fields=("max_tokens", "n_predict"),
 )
 LLAMA_COMPLETION = Dialect(
     "llama-completion",
     {"/completion": Kind.INFERENCE, "/completions": Kind.INFERENCE, "/infill": Kind.INFERENCE},
     raw_prompt=bodies.raw_prompt,
     count_request=_tokenize,
+    output_fields=("n_predict", "max_tokens"),
 )
 EMBEDDINGS = Dialect(
     "embeddings",
@@ -129,6 +135,7 @@ RESPONSES = Dialect(
     count_request=lambda body: ("/v1/responses/input_tokens", body),
     read_usage=meter.responses_usage,
     read_id=meter.responses_id,
+    output_fields=("max_output_tokens",),
 )
 ANTHROPIC = Dialect(
     "anthropic-messages",
@@ -138,6 +145,7 @@ ANTHROPIC = Dialect(
     read_usage=meter.anthropic_usage,
     read_id=meter.anthropic_id,
     errors=ErrorShape.ANTHROPIC,
+    output_fields=("max_tokens",),
 )
 LLAMA_CONTROL = Dialect(
     "llama-control",

@@ -412,3 +412,17 @@ def test_one_server_behind_two_paths_or_ports_is_two_hosts():
         "d": {"url": "https://gpu:8080", "models": ["m"]},
     }
     assert set(parse_config({"hosts": hosts}).hosts) == {"a", "b", "c", "d"}
+
+
+def test_output_limits_are_off_by_default_and_a_default_above_the_cap_is_refused():
+    routes = {"convo": {"hosts": ["titan"]}}
+    route = parse_config({"hosts": HOSTS, "routes": routes}).route("convo")
+    assert (route.max_tokens_default, route.max_tokens_cap, route.limits_output) == (
+        None,
+        None,
+        False,
+    )
+    routes = {"convo": {"hosts": ["titan"], "max_tokens_default": 4096, "max_tokens_cap": 1024}}
+    assert errors_of({"hosts": HOSTS, "routes": routes}) == [
+        "routes.convo.max_tokens_default: must be at most max_tokens_cap (1024), not 4096"
+    ]
