@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -36,6 +37,7 @@ class ServerConfig:
 
     listen: str = "tcp:8080"
     admin_listen: str = "tcp:8081:interface=127.0.0.1"
+    listen_backlog: int = 1024  # both ports' listen queue, unless their string sets backlog=
     admin_token: str = field(default="", repr=False)
     db: str = field(default="crossbar.db", repr=redact)  # a URL's password stays out of logs
     default_route: str = ""
@@ -173,6 +175,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
     server = ServerConfig(
         listen=t.string("listen", d.listen),
         admin_listen=t.string("admin_listen", d.admin_listen),
+        listen_backlog=t.integer("listen_backlog", d.listen_backlog, maximum=65535),
         admin_token=t.string("admin_token", d.admin_token),
         db=t.string("db", d.db),
         default_route=t.string("default_route", d.default_route),
@@ -208,15 +211,37 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
     )
     t.finish()
     for key in ("listen", "admin_listen"):
-        _check_endpoint(errors, f"server.{key}", getattr(server, key))
+        _check_endpoint(errors, f"server.{key}", getattr(server, key), server.listen_backlog)
     if not server.db:
         errors.add("server.db", 'must name a SQLite file (or ":memory:") or a PostgreSQL URL')
     return server
 
 
-def _check_endpoint(errors: Errors, path: str, description: str) -> None:
+# The endpoint kinds whose parser takes a `backlog` (Twisted's and crossbar's `reuseport:`), and
+# its index among their positional arguments.
+_BACKLOG_AT = {"tcp": 2, "tcp6": 1, "ssl": 5, "unix": 2, "reuseport": 1}
+_UNESCAPED_COLON = re.compile(r"(?<!\\):")
+
+
+def with_backlog(description: str, backlog: int) -> str:
+    """The endpoint string `description` with `backlog=` added, when its kind takes one and it
+    sets none itself (by name or by position). Twisted's default of 50 is too short for a
+    burst of clients: the rest wait on SYN retries, a second or more."""
+    kind, _, rest = description.partition(":")
+    position = _BACKLOG_AT.get(kind)
+    if position is None or not rest:
+        return description
+    args = _UNESCAPED_COLON.split(rest)
+    named = {a.split("=", 1)[0] for a in args if "=" in a}
+    given = len([a for a in args if "=" not in a])
+    if "backlog" in named or given > position:
+        return description
+    return f"{description}:backlog={backlog}"
+
+
+def _check_endpoint(errors: Errors, path: str, description: str, backlog: int) -> None:
     try:
-        serverFromString(MemoryReactor(), description)
+        serverFromString(MemoryReactor(), with_backlog(description, backlog))
     except Exception as e:  # the parser raises ValueError, KeyError, TypeError...
         errors.add(path, f"not a Twisted endpoint string ({quote(description)}: {e})")
 
