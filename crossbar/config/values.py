@@ -65,6 +65,7 @@ class ServerConfig:
     remember_ids: int = 100_000
     header_timeout: float = 10.0
     body_timeout: float = 60.0
+    body_deadline: float = 60.0  # a whole body, from its first byte
     client_write_timeout: float = 60.0
     handoff_store: int = 0  # bytes of compressed bodies kept on disk for warm hand-offs; 0 off
     handoff_max_body: int = 16 * 1024 * 1024  # larger bodies are not kept
@@ -203,6 +204,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
         header_timeout=t.duration("header_timeout", d.header_timeout),
         body_timeout=t.duration("body_timeout", d.body_timeout),
+        body_deadline=t.duration("body_deadline", d.body_deadline),
         client_write_timeout=t.duration("client_write_timeout", d.client_write_timeout),
         handoff_store=t.size("handoff_store", d.handoff_store, minimum=0),
         handoff_max_body=t.size("handoff_max_body", d.handoff_max_body),

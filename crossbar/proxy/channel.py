@@ -2,9 +2,9 @@
 would drop the connection or answer a bare 400.
 
 - The request line and headers must all arrive within `header_timeout` of their first byte,
-  and a body must not pause longer than `body_timeout` between bytes: else 408 and close
-  (`Site(timeout=)` is an idle timer reset by every byte, which a client trickling one byte
-  every few seconds never trips).
+  a body must not pause longer than `body_timeout` between bytes, and must all arrive within
+  `body_deadline` of its first byte: else 408 and close (`Site(timeout=)` is an idle timer
+  reset by every byte, which a client trickling one byte every few seconds never trips).
 - Small writes go out at once (TCP_NODELAY, as nginx does): an answer's head and body are
   separate writes, and Nagle would hold the second until the client's delayed ACK.
 - A request line or header line longer than Twisted's line limit: 414 or 431; more headers or
@@ -19,6 +19,7 @@ from typing import Any
 from twisted.internet.interfaces import IDelayedCall
 from twisted.web.http import HTTPChannel
 
+from crossbar.config import format_duration
 from crossbar.wire import ClientError, head_too_large, no_delay, phrase
 
 
@@ -26,7 +27,8 @@ class ProxyChannel(HTTPChannel):
     """One client connection of the proxy site (the site holds the timeouts)."""
 
     _phase = "idle"  # idle, head, body, handling
-    _timer: IDelayedCall | None = None
+    _timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
+    _deadline: IDelayedCall | None = None  # the whole body's
     _head_lines = 0
     _refused = False
 
@@ -51,9 +53,19 @@ class ProxyChannel(HTTPChannel):
         super().allHeadersReceived()
 
     def rawDataReceived(self, data: bytes) -> None:
-        if self._phase == "body":
-            self._arm(self.site.body_timeout, "the request's body stopped arriving")
         super().rawDataReceived(data)
+        # Armed only for a body still arriving once these bytes are taken: most bodies come
+        # whole with their head, and two timers made and cancelled per request cost.
+        if self._phase == "body" and not self._refused:
+            self._arm(self.site.body_timeout, "the request's body stopped arriving")
+            if self._deadline is None:
+                self._deadline = self.callLater(
+                    self.site.body_deadline,
+                    self._refuse,
+                    408,
+                    "the request's body did not all arrive within "
+                    f"{format_duration(self.site.body_deadline)} of its first byte",
+                )
 
     def allContentReceived(self) -> None:
         self._phase = "handling"
@@ -82,13 +94,16 @@ class ProxyChannel(HTTPChannel):
             self._refuse(400, "the request is not valid HTTP/1.1")
 
     def _arm(self, seconds: float, why: str) -> None:
-        self._disarm()
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
         self._timer = self.callLater(seconds, self._refuse, 408, why)
 
     def _disarm(self) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+        """Cancel every timer: the head's or the body's pause, and the body's deadline."""
+        for timer in (self._timer, self._deadline):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._timer = self._deadline = None
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` with a JSON error on the raw connection and close it."""

@@ -148,6 +148,7 @@ class ProxySite(BoundedSite):
         self.max_body = s.max_body
         self.header_timeout = s.header_timeout
         self.body_timeout = s.body_timeout
+        self.body_deadline = s.body_deadline
 
     # Told of each request refused before routing: (route or "", path, status, why).
     on_refused: Callable[[str, str, int, str], None] | None = None
