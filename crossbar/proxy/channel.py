@@ -10,17 +10,23 @@ would drop the connection or answer a bare 400.
 - A request line or header line longer than Twisted's line limit: 414 or 431; more headers or
   header bytes than Twisted allows: 431; any other request Twisted cannot parse: 400. Each
   with crossbar's JSON error body, then the connection closes.
+- Framings that two parsers could read two ways (the raw material of request smuggling), which
+  Twisted takes or waits on, are 400 too: a `Transfer-Encoding` other than one `chunked`, or
+  on an HTTP/1.0 request; a folded header line (obs-fold); a line of the head that ends in a
+  bare LF; and what proxy/chunks.py refuses in a chunked body.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IDelayedCall
 from twisted.web.http import HTTPChannel
 
 from crossbar.config import format_duration
-from crossbar.wire import ClientError, head_too_large, no_delay, phrase
+from crossbar.proxy.chunks import StrictChunks
+from crossbar.wire import ClientError, head_too_large, no_delay, phrase, replace_chunked_decoder
 
 
 class ProxyChannel(HTTPChannel):
@@ -30,6 +36,10 @@ class ProxyChannel(HTTPChannel):
     _timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
     _deadline: IDelayedCall | None = None  # the whole body's
     _head_lines = 0
+    _heads = 0  # request heads begun on this connection
+    _request_line = b""  # of the head arriving now
+    _unended = b""  # the head's bytes after its last CRLF
+    _transfer_encoded = False  # the head arriving now has a Transfer-Encoding header
     _refused = False
 
     def connectionMade(self) -> None:
@@ -39,18 +49,69 @@ class ProxyChannel(HTTPChannel):
     def dataReceived(self, data: bytes) -> None:
         if self._phase == "idle" and data:
             self._phase = "head"
+            self._heads += 1
             self._head_lines = 0
+            self._request_line = self._unended = b""
+            self._transfer_encoded = False
             self._arm(self.site.header_timeout, "the request's headers did not arrive in time")
+        head = self._heads if self._phase == "head" else None
         super().dataReceived(data)
+        if self._phase == "head" and self._heads == head and not self._refused:
+            # Lines end at CRLF: a head whose lines end in a bare LF would wait for one until
+            # header_timeout. The head that took these bytes goes on: all went to its lines.
+            # (A head begun beneath this call, pipelined behind a request answered at once,
+            # took only the bytes after that request's body, and was checked there.)
+            self._unended = (self._unended + data).rsplit(b"\r\n", 1)[-1]
+            if b"\n" in self._unended:
+                self._refuse(400, "a line of the request head ends in a bare LF, not CRLF")
 
     def lineReceived(self, line: bytes) -> None:
         self._head_lines += 1
+        if b"\n" in line:
+            self._refuse(400, "a line of the request head ends in a bare LF, not CRLF")
+            return
+        if not self._request_line:
+            self._request_line = line  # (Twisted skips one empty line before it)
+        elif line[:1] in (b" ", b"\t"):
+            self._refuse(400, "a header line is folded onto the one before (obs-fold)")
+            return
         super().lineReceived(line)
+
+    def headerReceived(self, line: bytes) -> bool:
+        name, _, value = line.partition(b":")
+        if name.lower() == b"transfer-encoding":
+            why = self._transfer_encoding(value.strip(b" \t"))
+            if why is not None:
+                self._refuse(400, why)
+                return False
+        return super().headerReceived(line)
+
+    def _transfer_encoding(self, value: bytes) -> str | None:
+        """Why a Transfer-Encoding header cannot be taken, or None. Twisted takes `identity`
+        beside a Content-Length, a second header after `chunked`, and chunked on HTTP/1.0,
+        where another parser reads the body's length another way."""
+        if self._transfer_encoded:
+            return "the request has more than one Transfer-Encoding header"
+        self._transfer_encoded = True
+        version = self._request_line.rsplit(b" ", 1)[-1]
+        if version != b"HTTP/1.1":
+            shown = version.decode("latin-1")[:20]
+            return f"Transfer-Encoding on an {shown} request: a chunked body needs HTTP/1.1"
+        if value.lower() != b"chunked":
+            shown = value.decode("latin-1")[:40]
+            return f"Transfer-Encoding {shown!r}: crossbar takes only chunked"
+        return None
 
     def allHeadersReceived(self) -> None:
         self._phase = "body"
         self._arm(self.site.body_timeout, "the request's body stopped arriving")
+        replace_chunked_decoder(self, self._strict_chunks)
         super().allHeadersReceived()
+
+    def _strict_chunks(
+        self, data: Callable[[bytes], None], finish: Callable[[bytes], None]
+    ) -> StrictChunks:
+        return StrictChunks(data, finish, lambda length: True, lambda why: self._refuse(400, why))
 
     def rawDataReceived(self, data: bytes) -> None:
         super().rawDataReceived(data)
