@@ -1,5 +1,5 @@
-"""The proxy's HTTP connections: deadlines for slow clients, and JSON answers where Twisted
-would drop the connection or answer a bare 400.
+"""The HTTP connections of crossbar's sites (the proxy's and the admin API's): deadlines for
+slow clients, and JSON answers where Twisted would drop the connection or answer a bare 400.
 
 - The request line and headers must all arrive within `header_timeout` of their first byte,
   a body must not pause longer than `body_timeout` between bytes, and must all arrive within
@@ -30,7 +30,7 @@ from crossbar.wire import ClientError, head_too_large, no_delay, phrase, replace
 
 
 class ProxyChannel(HTTPChannel):
-    """One client connection of the proxy site (the site holds the timeouts)."""
+    """One client connection of a crossbar site (the site holds the timeouts)."""
 
     _phase = "idle"  # idle, head, body, handling
     _timer: IDelayedCall | None = None  # the head's deadline, or the body's pause

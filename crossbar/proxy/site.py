@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
 from attrs import frozen
 from twisted.web.http_headers import Headers
@@ -17,10 +18,12 @@ from crossbar.proxy.routing import split_route
 from crossbar.wire import (
     ClientError,
     ErrorShape,
+    bad_request,
     classify,
     header_reader,
     phrase,
     request_line_path,
+    write_error,
 )
 
 
@@ -108,15 +111,25 @@ class BoundedRequest(Request):
 
 
 class BoundedSite(Site):
-    """A Site whose requests carry at most `max_body` bytes (read per request, so a reload
+    """A Site whose connections keep the channel's deadlines and framing rules (channel.py)
+    and whose requests carry at most `max_body` bytes (both read per request, so a reload
     applies at once)."""
 
+    protocol = ProxyChannel
     requestFactory = BoundedRequest
 
-    def __init__(self, resource: Any, max_body: int, **kwargs: Any) -> None:
+    def __init__(self, resource: Any, config: Config, max_body: int, **kwargs: Any) -> None:
         super().__init__(resource, **kwargs)
         self.max_body = max_body
         self.noisy = False
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload's deadlines apply from the next request on."""
+        s = config.server
+        self.header_timeout = s.header_timeout
+        self.body_timeout = s.body_timeout
+        self.body_deadline = s.body_deadline
 
     def refusal(self, channel: Any, request: Any = None) -> Refusal:
         """What a request refused before it reached the resource was for (`request`: its
@@ -128,27 +141,20 @@ class BoundedSite(Site):
 
 
 class ProxySite(BoundedSite):
-    """The client-facing site: deadlines for slow clients (channel.py), its own log line per
-    request (the usage observers), not twisted.web's access line; errors before routing in
-    the client's own dialect."""
-
-    protocol = ProxyChannel
+    """The client-facing site: its own log line per request (the usage observers), not
+    twisted.web's access line; errors before routing in the client's own dialect."""
 
     def __init__(self, resource: Any, config: Config, **kwargs: Any) -> None:
         # Bodies go to the host as they came: Twisted's parsing of POST forms into `args` (the
         # `email` package on every Content-Type, 6% of the proxy's CPU) is never needed.
         kwargs.setdefault("parsePOSTFormSubmission", False)
-        super().__init__(resource, config.server.max_body, **kwargs)
-        self.reconfigure(config)
+        super().__init__(resource, config, config.server.max_body, **kwargs)
 
     def reconfigure(self, config: Config) -> None:
         """A reload's limits apply from the next request on."""
+        super().reconfigure(config)
         self._config = config
-        s = config.server
-        self.max_body = s.max_body
-        self.header_timeout = s.header_timeout
-        self.body_timeout = s.body_timeout
-        self.body_deadline = s.body_deadline
+        self.max_body = config.server.max_body
 
     # Told of each request refused before routing: (route or "", path, status, why).
     on_refused: Callable[[str, str, int, str], None] | None = None
@@ -183,3 +189,37 @@ class ProxySite(BoundedSite):
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the
         # proxy's CPU.
         pass
+
+
+class AdminRequest(BoundedRequest):
+    """An admin API request. Klein answers a path or Host that is not UTF-8 with an HTML 400
+    and logs a traceback for it; here it is crossbar's JSON 400, and nothing is logged."""
+
+    def process(self) -> None:
+        why = _not_utf8(self)
+        if why is None:
+            super().process()
+            return
+        self.site = self.channel.site
+        self.setHeader(b"Cache-Control", b"no-store")
+        write_error(self, bad_request(why))
+
+
+def _not_utf8(request: Any) -> str | None:
+    """What of the request's path and Host is not UTF-8, or None."""
+    try:
+        unquote_to_bytes(request.path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "the request's path is not UTF-8 once percent-decoded"
+    try:
+        request.getRequestHostname().decode("utf-8")
+    except UnicodeDecodeError:
+        return "the request's Host header is not UTF-8"
+    return None
+
+
+class AdminSite(BoundedSite):
+    """The admin API's site: the proxy's connection rules, bodies of at most `max_body`, and
+    errors in crossbar's (OpenAI's) shape."""
+
+    requestFactory = AdminRequest
