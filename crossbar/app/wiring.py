@@ -176,5 +176,6 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     api = Admin(config, admin_parts, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)
     proxy.on_refused = p.usage.refused_early
-    admin = AdminSite(api.resource(), config, MAX_BODY, reactor=p.clock)
+    # One bound on the bodies both ports hold: the process's memory is one.
+    admin = AdminSite(api.resource(), config, MAX_BODY, proxy.memory, reactor=p.clock)
     return Sites(proxy, admin, resource, api)

@@ -16,6 +16,7 @@ from twisted.internet.testing import MemoryReactor
 from crossbar.config.fields import NAME, Errors, Section, quote, type_name
 from crossbar.config.redaction import redact
 from crossbar.config.route import Route, Template, check_route_links, read_routes, read_templates
+from crossbar.config.units import format_size
 
 _RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them each time)
 
@@ -54,6 +55,7 @@ class ServerConfig:
     queue_max: int = 64
     queue_timeout: float = 300.0
     max_body: int = 64 * 1024 * 1024
+    max_body_memory: int = 256 * 1024 * 1024  # request bodies held at once, both ports together
     upstream_connect_timeout: float = 5.0
     upstream_idle_timeout: float = 600.0
     fingerprint_chars: int = 4096
@@ -193,6 +195,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         queue_max=t.integer("queue_max", d.queue_max, minimum=0),
         queue_timeout=t.duration("queue_timeout", d.queue_timeout),
         max_body=t.size("max_body", d.max_body),
+        max_body_memory=t.size("max_body_memory", d.max_body_memory),
         upstream_connect_timeout=t.duration("upstream_connect_timeout", d.upstream_connect_timeout),
         upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
         fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
@@ -214,6 +217,14 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
     t.finish()
     for key in ("listen", "admin_listen"):
         _check_endpoint(errors, f"server.{key}", getattr(server, key), server.listen_backlog)
+    sizes_read = not any(line.startswith("server.max_body") for line in errors.lines)
+    if sizes_read and server.max_body_memory < server.max_body:
+        # A body larger than the bound could never be taken: 503 "try again" forever.
+        errors.add(
+            "server.max_body_memory",
+            f"must be at least max_body ({quote(format_size(server.max_body))}), "
+            f"not {quote(format_size(server.max_body_memory))}",
+        )
     if not server.db:
         errors.add("server.db", 'must name a SQLite file (or ":memory:") or a PostgreSQL URL')
     return server

@@ -111,7 +111,9 @@ class ProxyChannel(HTTPChannel):
     def _strict_chunks(
         self, data: Callable[[bytes], None], finish: Callable[[bytes], None]
     ) -> StrictChunks:
-        return StrictChunks(data, finish, lambda length: True, lambda why: self._refuse(400, why))
+        # Each chunk's size goes to the request before its data: 413 or 503 before the bytes.
+        declared = getattr(self.requests[-1], "chunk_declared", None) or (lambda length: True)
+        return StrictChunks(data, finish, declared, lambda why: self._refuse(400, why))
 
     def rawDataReceived(self, data: bytes) -> None:
         super().rawDataReceived(data)
@@ -167,17 +169,27 @@ class ProxyChannel(HTTPChannel):
         self._timer = self._deadline = None
 
     def _refuse(self, status: int, message: str) -> None:
-        """Answer `status` with a JSON error on the raw connection and close it."""
+        """Answer `status` (`invalid_request_error`) as `refuse` does."""
+        self.refuse(ClientError(status, "invalid_request_error", message), message)
+
+    def refuse(self, error: ClientError, why: str, request: Any = None) -> None:
+        """Answer `error` with its JSON body on the raw connection, in the shape the request's
+        path asks for, and close it: nothing more is read. `request`, once its headers are
+        in, lends its route's CORS headers."""
         if self._refused or self.transport is None:
             return
         self._refused = True
         self._disarm()
-        refusal = self.site.refusal(self)
-        body = ClientError(status, "invalid_request_error", message).body(refusal.shape)
+        refusal = self.site.refusal(self, request)
+        body = error.body(refusal.shape)
+        headers = [*refusal.headers, *((k.encode(), v.encode()) for k, v in error.headers.items())]
         self.transport.write(
             b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
-            b"Content-Length: %d\r\n\r\n" % (status, phrase(status), len(body)) + body
+            % (error.status, phrase(error.status))
+            + b"".join(b"%s: %s\r\n" % pair for pair in headers)
+            + b"Content-Length: %d\r\n\r\n" % len(body)
+            + body
         )
         self.loseConnection()
         self.dataReceived = lambda data: None  # type: ignore[method-assign]
-        self.site.refused(refusal, status, message)
+        self.site.refused(refusal, error.status, why)
