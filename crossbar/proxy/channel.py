@@ -143,6 +143,13 @@ class ProxyChannel(HTTPChannel):
         self._disarm()
         super().connectionLost(reason)
 
+    def _send100Continue(self) -> None:
+        # Twisted asks for the body after the request judged its length: a body refused then
+        # (413, 503) must not be asked for, and a TCP transport sends what is written after
+        # loseConnection, so the refusal's answer would be followed by "100 Continue".
+        if not self._refused:
+            super()._send100Continue()
+
     def lineLengthExceeded(self, line: bytes) -> None:
         if self._head_lines == 0:
             self._refuse(414, "the request line is too long")

@@ -18,6 +18,8 @@ above, so an upgrade that moves one of these fails a named test instead of a req
 - Why the server channel refused a request head: Twisted answers a bare 400 both for a head
   it cannot parse and for one over its header count or size limits; crossbar says 431 for
   the latter (`HTTPChannel._respondToBadRequestAndDisconnect` is overridden for that).
+- Whether the server channel answers `Expect: 100-continue`: `HTTPChannel._send100Continue`
+  is overridden so that a body refused at its headers is not asked for.
 - The server channel's chunked decoder (`HTTPChannel._transferDecoder`): Twisted's is lenient
   (proxy/chunks.py says how) and has no hook for a chunk's declared size; it is replaced,
   with the same callbacks, by a strict one once the request's headers are in.
