@@ -29,13 +29,13 @@ from zope.interface import implementer
 from crossbar.app.systemd import Notifier, Watchdog, watchdog_period
 from crossbar.app.wiring import Parts, Reconfigurable, Sites, build_parts, make_sites
 from crossbar.cluster import FOLLOW_EVERY
-from crossbar.config import Config, ConfigError, load_config
+from crossbar.config import Config, ConfigError, load_config, with_backlog
 from crossbar.handoff import TICK as REBALANCE_TICK
 from crossbar.hosts import Hosts, ProbeSchedule
 from crossbar.store import Store
 
 log = Logger(namespace="crossbar")
-_RESTART_KEYS = ("listen", "admin_listen", "db", "handoff_store")
+_RESTART_KEYS = ("listen", "admin_listen", "listen_backlog", "db", "handoff_store")
 
 
 def _guarded(fn: Callable[[], Any], what: str) -> Callable[[], Deferred[Any]]:
@@ -169,6 +169,7 @@ class CrossbarService(MultiService):
         )
 
     async def _listen(self, name: str, description: str, site: Any) -> IListeningPort:
+        description = with_backlog(description, self.config.server.listen_backlog)
         endpoint = _Announcing(serverFromString(self.reactor, description))
         listener = StreamServerEndpointService(endpoint, site)
         listener.setName(name)

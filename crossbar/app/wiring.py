@@ -27,7 +27,7 @@ from crossbar.hosts import Hosts
 from crossbar.leases import DEADLINE_SLACK, Chooser, Journal, Table, Warmth
 from crossbar.limiter import Limiter
 from crossbar.proxy import (
-    BoundedSite,
+    AdminSite,
     ContextGuard,
     IdMemory,
     Placement,
@@ -154,13 +154,13 @@ class Sites:
     """The proxy's site and the admin API's, and the resources behind them."""
 
     proxy: ProxySite
-    admin: BoundedSite
+    admin: AdminSite
     resource: ProxyResource
     api: Admin
 
     def reloadable(self) -> list[Reconfigurable]:
         """The sites and what serves behind them, for a reload."""
-        return [self.proxy, self.resource, self.api]
+        return [self.proxy, self.admin, self.resource, self.api]
 
 
 def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list[str]]]) -> Sites:
@@ -179,5 +179,6 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     api = Admin(config, admin_parts, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)
     proxy.on_refused = p.usage.refused_early
-    admin = BoundedSite(api.resource(), MAX_BODY, reactor=p.clock)
+    # One bound on the bodies both ports hold: the process's memory is one.
+    admin = AdminSite(api.resource(), config, MAX_BODY, proxy.memory, reactor=p.clock)
     return Sites(proxy, admin, resource, api)

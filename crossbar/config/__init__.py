@@ -7,7 +7,14 @@ from crossbar.config.limits import DEFAULT_LIMITS, PREWARM_PRIORITY, RouteLimits
 from crossbar.config.redaction import hide_password, is_postgres, redact
 from crossbar.config.route import Route
 from crossbar.config.units import format_duration, format_size, parse_duration
-from crossbar.config.values import Config, ConfigError, HostConfig, ModelConfig, load_config
+from crossbar.config.values import (
+    Config,
+    ConfigError,
+    HostConfig,
+    ModelConfig,
+    load_config,
+    with_backlog,
+)
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -25,4 +32,5 @@ __all__ = [
     "load_config",
     "parse_duration",
     "redact",
+    "with_backlog",
 ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from twisted.internet.testing import MemoryReactor
 from crossbar.config.fields import NAME, Errors, Section, quote, type_name
 from crossbar.config.redaction import redact
 from crossbar.config.route import Route, Template, check_route_links, read_routes, read_templates
+from crossbar.config.units import format_size
 
 _RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them each time)
 
@@ -37,6 +39,7 @@ class ServerConfig:
 
     listen: str = "tcp:8080"
     admin_listen: str = "tcp:8081:interface=127.0.0.1"
+    listen_backlog: int = 1024  # both ports' listen queue, unless their string sets backlog=
     admin_token: str = field(default="", repr=False)
     db: str = field(default="crossbar.db", repr=redact)  # a URL's password stays out of logs
     default_route: str = ""
@@ -53,6 +56,7 @@ class ServerConfig:
     queue_max: int = 64
     queue_timeout: float = 300.0
     max_body: int = 64 * 1024 * 1024
+    max_body_memory: int = 256 * 1024 * 1024  # request bodies held at once, both ports together
     upstream_connect_timeout: float = 5.0
     upstream_idle_timeout: float = 600.0
     fingerprint_chars: int = 4096
@@ -64,6 +68,7 @@ class ServerConfig:
     remember_ids: int = 100_000
     header_timeout: float = 10.0
     body_timeout: float = 60.0
+    body_deadline: float = 60.0  # a whole body, from its first byte
     client_write_timeout: float = 60.0
     handoff_store: int = 0  # bytes of compressed bodies kept on disk for warm hand-offs; 0 off
     handoff_max_body: int = 16 * 1024 * 1024  # larger bodies are not kept
@@ -177,6 +182,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
     server = ServerConfig(
         listen=t.string("listen", d.listen),
         admin_listen=t.string("admin_listen", d.admin_listen),
+        listen_backlog=t.integer("listen_backlog", d.listen_backlog, maximum=65535),
         admin_token=t.string("admin_token", d.admin_token),
         db=t.string("db", d.db),
         default_route=t.string("default_route", d.default_route),
@@ -193,6 +199,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         queue_max=t.integer("queue_max", d.queue_max, minimum=0),
         queue_timeout=t.duration("queue_timeout", d.queue_timeout),
         max_body=t.size("max_body", d.max_body),
+        max_body_memory=t.size("max_body_memory", d.max_body_memory),
         upstream_connect_timeout=t.duration("upstream_connect_timeout", d.upstream_connect_timeout),
         upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
         fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
@@ -204,6 +211,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
         header_timeout=t.duration("header_timeout", d.header_timeout),
         body_timeout=t.duration("body_timeout", d.body_timeout),
+        body_deadline=t.duration("body_deadline", d.body_deadline),
         client_write_timeout=t.duration("client_write_timeout", d.client_write_timeout),
         handoff_store=t.size("handoff_store", d.handoff_store, minimum=0),
         handoff_max_body=t.size("handoff_max_body", d.handoff_max_body),
@@ -213,15 +221,45 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
     )
     t.finish()
     for key in ("listen", "admin_listen"):
-        _check_endpoint(errors, f"server.{key}", getattr(server, key))
+        _check_endpoint(errors, f"server.{key}", getattr(server, key), server.listen_backlog)
+    sizes_read = not any(line.startswith("server.max_body") for line in errors.lines)
+    if sizes_read and server.max_body_memory < server.max_body:
+        # A body larger than the bound could never be taken: 503 "try again" forever.
+        errors.add(
+            "server.max_body_memory",
+            f"must be at least max_body ({quote(format_size(server.max_body))}), "
+            f"not {quote(format_size(server.max_body_memory))}",
+        )
     if not server.db:
         errors.add("server.db", 'must name a SQLite file (or ":memory:") or a PostgreSQL URL')
     return server
 
 
-def _check_endpoint(errors: Errors, path: str, description: str) -> None:
+# The endpoint kinds whose parser takes a `backlog` (Twisted's and crossbar's `reuseport:`), and
+# its index among their positional arguments.
+_BACKLOG_AT = {"tcp": 2, "tcp6": 1, "ssl": 5, "unix": 2, "reuseport": 1}
+_UNESCAPED_COLON = re.compile(r"(?<!\\):")
+
+
+def with_backlog(description: str, backlog: int) -> str:
+    """The endpoint string `description` with `backlog=` added, when its kind takes one and it
+    sets none itself (by name or by position). Twisted's default of 50 is too short for a
+    burst of clients: the rest wait on SYN retries, a second or more."""
+    kind, _, rest = description.partition(":")
+    position = _BACKLOG_AT.get(kind)
+    if position is None or not rest:
+        return description
+    args = _UNESCAPED_COLON.split(rest)
+    named = {a.split("=", 1)[0] for a in args if "=" in a}
+    given = len([a for a in args if "=" not in a])
+    if "backlog" in named or given > position:
+        return description
+    return f"{description}:backlog={backlog}"
+
+
+def _check_endpoint(errors: Errors, path: str, description: str, backlog: int) -> None:
     try:
-        serverFromString(MemoryReactor(), description)
+        serverFromString(MemoryReactor(), with_backlog(description, backlog))
     except Exception as e:  # the parser raises ValueError, KeyError, TypeError...
         errors.add(path, f"not a Twisted endpoint string ({quote(description)}: {e})")
 

@@ -8,11 +8,11 @@ from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.resource import ProxyResource
-from crossbar.proxy.site import BoundedSite, ProxySite
+from crossbar.proxy.site import AdminSite, ProxySite
 from crossbar.proxy.usage import UsageRecorder
 
 __all__ = [
-    "BoundedSite",
+    "AdminSite",
     "ContextGuard",
     "IdMemory",
     "Placement",

@@ -1,12 +1,23 @@
-"""Sites that bound request bodies while they arrive: the proxy's and the admin API's."""
+"""Sites that bound request bodies while they arrive: the proxy's and the admin API's.
+
+Each body is bounded by its site's `max_body`, and the bodies of both sites together by
+`max_body_memory` (one `BodyMemory`): a body takes its bytes when it declares them (its
+Content-Length once the headers are in, each chunk's size before its data) and gives them back
+when its request is released (answered, refused, its client gone). A body that does not fit
+gets 503 with Retry-After before it is read, rather than a paused read: a paused body holds
+what it took and the client's own timers run, and bodies that each wait for another's bytes
+could all wait until their deadlines; a 503 frees everything at once, and OpenAI's and
+Anthropic's SDKs retry it by themselves.
+"""
 
 from __future__ import annotations
 
 import io
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_to_bytes
 
-from attrs import frozen
+from attrs import define, frozen
 from twisted.web.http_headers import Headers
 from twisted.web.server import Request, Site
 
@@ -17,11 +28,17 @@ from crossbar.proxy.routing import split_route
 from crossbar.wire import (
     ClientError,
     ErrorShape,
+    bad_request,
     classify,
     header_reader,
-    phrase,
     request_line_path,
+    unavailable,
+    write_error,
 )
+
+# A body refused for memory asks to come back after this: bodies are given back as their
+# requests end, and an answer takes seconds.
+_MEMORY_RETRY_AFTER = 5.0
 
 
 def _too_large(limit: int) -> ClientError:
@@ -30,6 +47,32 @@ def _too_large(limit: int) -> ClientError:
         "invalid_request_error",
         f"request body is larger than this server's limit of {format_size(limit)}",
     )
+
+
+def _no_memory(limit: int) -> ClientError:
+    return unavailable(
+        f"this server holds as many request bodies as it may at once ({format_size(limit)}, "
+        "server.max_body_memory); try again shortly",
+        retry_after=_MEMORY_RETRY_AFTER,
+    )
+
+
+@define
+class BodyMemory:
+    """Bytes of request bodies held at once, over every connection of the sites sharing it."""
+
+    limit: int
+    held: int = 0
+
+    def take(self, n: int) -> bool:
+        """Hold `n` more bytes if they fit under the limit; False (nothing taken) if not."""
+        if n and self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
 
 
 @frozen
@@ -52,71 +95,102 @@ class _Answer:
 
 
 class BoundedRequest(Request):
-    """A Request that refuses a body over the site's `max_body` without reading the rest.
+    """A Request whose body is bounded by the site's `max_body` and `memory`, refused (413,
+    503) before the bytes over the bound are read.
 
     twisted.web has no body limit of its own and spools large bodies to temporary files; here
-    a Content-Length over the limit is refused as soon as the headers are in, a chunked body as
-    soon as its size so far passes it, and the body is kept in memory (the limit bounds it).
+    a Content-Length is judged as soon as the headers are in, a chunked body at each chunk's
+    declared size, and the body is kept in memory (the limits bound it).
     """
 
     _refused = False
-    _received = 0
-
-    def _limit(self) -> int:
-        return self.channel.site.max_body
+    _declared = 0  # body bytes declared so far: the Content-Length, or the chunk sizes
+    _held = 0  # taken from `_memory`, given back when the request is released
+    _memory: BodyMemory | None = None
 
     def gotLength(self, length: int | None) -> None:
         self.content = io.BytesIO()
-        if length is not None and length > self._limit():
-            self._refuse()
+        if length is not None:
+            self._declare(length)
+
+    def chunk_declared(self, length: int) -> bool:
+        """The next chunk of the body has `length` bytes; False when that refused the body."""
+        return self._declare(length)
+
+    def _declare(self, length: int) -> bool:
+        site = self.channel.site
+        if self._declared + length > site.max_body:
+            self._refuse(_too_large(site.max_body), "request body too large")
+            return False
+        if not site.memory.take(length):
+            self._refuse(_no_memory(site.memory.limit), "request bodies over max_body_memory")
+            return False
+        self._memory = site.memory
+        self._declared += length
+        self._held += length
+        return True
 
     def handleContentChunk(self, data: bytes) -> None:
-        if self._refused:
-            return
-        self._received += len(data)
-        if self._received > self._limit():
-            self._refuse()
-            return
-        self.content.write(data)
+        if not self._refused:
+            self.content.write(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
             return
         super().requestReceived(command, path, version)
 
-    def _refuse(self) -> None:
-        """Answer 413 at once on the raw transport and close: the rest is never read."""
+    def finish(self) -> None:
+        self._release()
+        super().finish()
+
+    def connectionLost(self, reason: Any) -> None:
+        self._release()
+        super().connectionLost(reason)
+
+    def _release(self) -> None:
+        if self._memory is not None and self._held:
+            self._memory.give(self._held)
+            self._held = 0
+
+    def _refuse(self, error: ClientError, why: str) -> None:
+        """Answer `error` at once on the raw connection and close it: the rest of the body is
+        never read, and what it held is given back."""
         self._refused = True
-        status = 413
-        site = self.channel.site
-        refusal = site.refusal(self.channel, self)
-        body = _too_large(self._limit()).body(refusal.shape)
-        extra = b"".join(b"%s: %s\r\n" % pair for pair in refusal.headers)
-        head = (
-            b"HTTP/1.1 %d %s\r\n" % (status, phrase(status)) + b"Content-Type: application/json\r\n"
-            b"Connection: close\r\n"
-            + extra
-            + b"Content-Length: "
-            + str(len(body)).encode()
-            + b"\r\n\r\n"
-        )
-        transport = self.channel.transport
-        transport.write(head + body)
-        transport.loseConnection()
+        self._release()
         self.content = io.BytesIO()
-        site.refused(refusal, status, "request body too large")
+        self.channel.refuse(error, why, self)
 
 
 class BoundedSite(Site):
-    """A Site whose requests carry at most `max_body` bytes (read per request, so a reload
-    applies at once)."""
+    """A Site whose connections keep the channel's deadlines and framing rules (channel.py)
+    and whose requests carry at most `max_body` bytes, within what `memory` has left (both
+    read per request, so a reload applies at once). Sites given one `memory` share it."""
 
+    protocol = ProxyChannel
     requestFactory = BoundedRequest
 
-    def __init__(self, resource: Any, max_body: int, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        resource: Any,
+        config: Config,
+        max_body: int,
+        memory: BodyMemory | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(resource, **kwargs)
         self.max_body = max_body
+        self.memory = memory if memory is not None else BodyMemory(config.server.max_body_memory)
         self.noisy = False
+        self.reconfigure(config)
+
+    def reconfigure(self, config: Config) -> None:
+        """A reload's deadlines and memory bound apply from the next request on (bytes held
+        stay held)."""
+        s = config.server
+        self.header_timeout = s.header_timeout
+        self.body_timeout = s.body_timeout
+        self.body_deadline = s.body_deadline
+        self.memory.limit = s.max_body_memory
 
     def refusal(self, channel: Any, request: Any = None) -> Refusal:
         """What a request refused before it reached the resource was for (`request`: its
@@ -128,26 +202,22 @@ class BoundedSite(Site):
 
 
 class ProxySite(BoundedSite):
-    """The client-facing site: deadlines for slow clients (channel.py), its own log line per
-    request (the usage observers), not twisted.web's access line; errors before routing in
-    the client's own dialect."""
+    """The client-facing site: its own log line per request (the usage observers), not
+    twisted.web's access line; errors before routing in the client's own dialect."""
 
-    protocol = ProxyChannel
-
-    def __init__(self, resource: Any, config: Config, **kwargs: Any) -> None:
+    def __init__(
+        self, resource: Any, config: Config, memory: BodyMemory | None = None, **kwargs: Any
+    ) -> None:
         # Bodies go to the host as they came: Twisted's parsing of POST forms into `args` (the
         # `email` package on every Content-Type, 6% of the proxy's CPU) is never needed.
         kwargs.setdefault("parsePOSTFormSubmission", False)
-        super().__init__(resource, config.server.max_body, **kwargs)
-        self.reconfigure(config)
+        super().__init__(resource, config, config.server.max_body, memory, **kwargs)
 
     def reconfigure(self, config: Config) -> None:
         """A reload's limits apply from the next request on."""
+        super().reconfigure(config)
         self._config = config
-        s = config.server
-        self.max_body = s.max_body
-        self.header_timeout = s.header_timeout
-        self.body_timeout = s.body_timeout
+        self.max_body = config.server.max_body
 
     # Told of each request refused before routing: (route or "", path, status, why).
     on_refused: Callable[[str, str, int, str], None] | None = None
@@ -182,3 +252,37 @@ class ProxySite(BoundedSite):
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the
         # proxy's CPU.
         pass
+
+
+class AdminRequest(BoundedRequest):
+    """An admin API request. Klein answers a path or Host that is not UTF-8 with an HTML 400
+    and logs a traceback for it; here it is crossbar's JSON 400, and nothing is logged."""
+
+    def process(self) -> None:
+        why = _not_utf8(self)
+        if why is None:
+            super().process()
+            return
+        self.site = self.channel.site
+        self.setHeader(b"Cache-Control", b"no-store")
+        write_error(self, bad_request(why))
+
+
+def _not_utf8(request: Any) -> str | None:
+    """What of the request's path and Host is not UTF-8, or None."""
+    try:
+        unquote_to_bytes(request.path).decode("utf-8")
+    except UnicodeDecodeError:
+        return "the request's path is not UTF-8 once percent-decoded"
+    try:
+        request.getRequestHostname().decode("utf-8")
+    except UnicodeDecodeError:
+        return "the request's Host header is not UTF-8"
+    return None
+
+
+class AdminSite(BoundedSite):
+    """The admin API's site: the proxy's connection rules, bodies of at most `max_body`, and
+    errors in crossbar's (OpenAI's) shape."""
+
+    requestFactory = AdminRequest

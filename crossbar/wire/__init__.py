@@ -29,7 +29,12 @@ from crossbar.wire.inbound import (
 )
 from crossbar.wire.meter import Tokens
 from crossbar.wire.relay import Relay
-from crossbar.wire.twisted_private import head_too_large, quiet_pool, request_line_path
+from crossbar.wire.twisted_private import (
+    head_too_large,
+    quiet_pool,
+    replace_chunked_decoder,
+    request_line_path,
+)
 from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
 
 __all__ = [
@@ -63,6 +68,7 @@ __all__ = [
     "prepare",
     "quiet_pool",
     "renamed_body",
+    "replace_chunked_decoder",
     "request_body",
     "request_line_path",
     "unauthorized",

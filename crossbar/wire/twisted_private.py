@@ -18,16 +18,23 @@ above, so an upgrade that moves one of these fails a named test instead of a req
 - Why the server channel refused a request head: Twisted answers a bare 400 both for a head
   it cannot parse and for one over its header count or size limits; crossbar says 431 for
   the latter (`HTTPChannel._respondToBadRequestAndDisconnect` is overridden for that).
+- Whether the server channel answers `Expect: 100-continue`: `HTTPChannel._send100Continue`
+  is overridden so that a body refused at its headers is not asked for.
+- The server channel's chunked decoder (`HTTPChannel._transferDecoder`): Twisted's is lenient
+  (proxy/chunks.py says how) and has no hook for a chunk's declared size; it is replaced,
+  with the same callbacks, by a strict one once the request's headers are in.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 from twisted.web._newclient import HTTP11ClientProtocol, ParseError, RequestNotSent
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
+from twisted.web.http import _ChunkedTransferDecoder
 from twisted.web.http_headers import Headers
 
 __all__ = [
@@ -38,6 +45,7 @@ __all__ = [
     "head_too_large",
     "not_http",
     "quiet_pool",
+    "replace_chunked_decoder",
     "request_line_path",
 ]
 
@@ -131,3 +139,19 @@ def head_too_large(channel: Any) -> bool:
         getattr(channel, "_receivedHeaderSize", 0) > channel.totalHeadersSize
         or getattr(channel, "_receivedHeaderCount", 0) > channel.maxHeaders
     )
+
+
+# What makes a chunked body's decoder from Twisted's callbacks: (chunk data, the bytes after
+# the body once it ended).
+DecoderFactory = Callable[[Callable[[bytes], None], Callable[[bytes], None]], Any]
+
+
+def replace_chunked_decoder(channel: Any, make: DecoderFactory) -> bool:
+    """Give a server channel whose current request has a chunked body the decoder
+    `make(data, finish)`, fed the callbacks Twisted's own decoder had; False (and nothing
+    changed) when the body is not chunked."""
+    decoder = getattr(channel, "_transferDecoder", None)
+    if not isinstance(decoder, _ChunkedTransferDecoder):
+        return False
+    channel._transferDecoder = make(decoder.dataCallback, decoder.finishCallback)
+    return True

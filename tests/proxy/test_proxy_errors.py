@@ -193,6 +193,19 @@ async def test_a_huge_content_length_is_refused_at_once_without_reading_the_body
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_body_refused_at_its_headers_is_not_asked_for_with_100_continue(crossbar):
+    # A real socket: Twisted sends what is written after loseConnection, memory transports not.
+    head = (
+        b"POST /r/convo/v1/messages HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 1073741824\r\n\r\n"
+    )
+    reply = await wait(deferToThread(raw_exchange, crossbar.port.getHost().port, head))
+    assert reply.startswith(b"HTTP/1.1 413 ")
+    assert b"100 Continue" not in reply
+    assert json.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["type"] == "request_too_large"
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_chunked_body_is_refused_as_soon_as_it_passes_the_limit(crossbar):
     head = (
         b"POST /r/convo/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"

@@ -50,6 +50,63 @@ def test_a_body_that_stops_arriving_gets_408_after_body_timeout():
     assert "titan" not in net.connections
 
 
+def test_a_body_that_trickles_gets_408_at_body_deadline_after_its_first_byte():
+    crossbar = start(ROUTES, hosts=("titan",), body_timeout="30s")  # body_deadline "60s"
+    net = crossbar.net
+    client = crossbar.raw(
+        b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
+    )
+    net.clock.advance(20)  # the wait for the first byte is body_timeout's, not the deadline's
+    client.transport.write(b"{")
+    net.flush()
+    for _ in range(59):  # a byte a second never trips body_timeout...
+        net.clock.advance(1)
+        client.transport.write(b" ")
+        net.flush()
+    assert client.status is None and not client.lost
+    net.clock.advance(1)  # ...but the whole body is due body_deadline after its first byte
+    net.flush()
+    status, error = error_of(client)
+    assert status == 408 and "body" in error["error"]["message"] and client.lost
+    assert "titan" not in net.connections
+
+
+def test_the_body_deadline_is_the_configured_one_and_answers_in_the_callers_dialect():
+    crossbar = start(ROUTES, hosts=("titan",), body_deadline="5s")
+    net = crossbar.net
+    client = crossbar.raw(
+        b"POST /r/convo/v1/messages HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"
+    )
+    net.clock.pump([1] * 4)
+    client.transport.write(b" ")
+    net.flush()
+    assert client.status is None
+    net.clock.advance(1)
+    net.flush()
+    status, error = error_of(client)
+    assert status == 408 and error["type"] == "error" and client.lost
+
+
+def test_a_body_that_arrives_within_the_deadline_is_not_held_to_it_on_the_next_request():
+    crossbar = start(ROUTES, hosts=("titan",), body_deadline="5s")
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: host.answer()
+    body = chat()
+    client = crossbar.raw(
+        b"POST "
+        + CHAT.encode()
+        + b" HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+        + body[:5]
+    )
+    net.clock.advance(4)
+    client.transport.write(body[5:])
+    net.flush()
+    assert client.status == 200
+    net.clock.advance(10)
+    net.flush()
+    assert not client.lost and client.received.count(b"HTTP/1.1 ") == 1
+
+
 def test_a_keepalive_connection_between_requests_is_not_held_to_the_header_deadline():
     crossbar = start(ROUTES, hosts=("titan",), header_timeout="10s")
     net = crossbar.net

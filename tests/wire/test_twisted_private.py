@@ -5,6 +5,7 @@ import pytest
 from twisted.internet.task import Clock
 from twisted.test.iosim import FakeTransport, connect
 from twisted.web.client import Request
+from twisted.web.http import HTTPChannel
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IResponse
 
@@ -15,6 +16,7 @@ from crossbar.wire.twisted_private import (
     RequestNotSent,
     connection_headers,
     quiet_pool,
+    replace_chunked_decoder,
     request_line_path,
 )
 from crossbar.wire.upstream import classify
@@ -119,3 +121,20 @@ def test_the_request_line_path_is_known_while_the_headers_arrive(path, shape):
         assert b'"type": "request_too_large"' in answer
     else:
         assert b'"code": 413' in answer
+
+
+def test_a_chunked_bodys_decoder_is_replaced_with_twisteds_callbacks():
+    channel = HTTPChannel()
+    channel.makeConnection(FakeTransport(channel, isServer=True))
+    channel.dataReceived(b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    twisteds = channel._transferDecoder
+    replaced = replace_chunked_decoder(channel, lambda data, finish: (data, finish))
+    assert replaced and channel._transferDecoder == (
+        twisteds.dataCallback,
+        twisteds.finishCallback,
+    )
+    assert twisteds.dataCallback == channel.requests[-1].handleContentChunk
+    other = HTTPChannel()
+    other.makeConnection(FakeTransport(other, isServer=True))
+    other.dataReceived(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n")
+    assert not replace_chunked_decoder(other, lambda data, finish: None)
