@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -70,15 +71,28 @@ def init_connection(conn: sqlite3.Connection, memory: bool, timeout: float = STO
     try:
         conn.execute(f"PRAGMA busy_timeout = {max(1, round(timeout * 1000))}")
         if not memory:
-            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
-            if mode.lower() != "wal":
-                raise StoreError(f"SQLite refused WAL mode (journal mode is {mode})")
+            _wal(conn, timeout)
         # In WAL mode NORMAL loses at most the last transactions on power loss, never
         # consistency; FULL would fsync on every lease change.
         conn.execute("PRAGMA synchronous = NORMAL")
     except BaseException:
         conn.close()  # adbapi keeps no reference to a connection whose setup failed
         raise
+
+
+def _wal(conn: sqlite3.Connection, timeout: float) -> None:
+    """Put the file in WAL mode. Switching takes the file for itself, and SQLite answers the
+    old mode at once, without its busy wait, while another process holds it (two instances
+    starting on a new file together): asked again until `timeout`. Runs in the store's thread
+    or before the reactor starts, never on the reactor."""
+    deadline = time.monotonic() + timeout
+    while True:
+        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        if mode.lower() == "wal":
+            return
+        if time.monotonic() > deadline:
+            raise StoreError(f"SQLite refused WAL mode (journal mode is {mode})")
+        time.sleep(0.05)
 
 
 def migrations() -> list[tuple[int, str]]:

@@ -114,7 +114,7 @@ async def test_a_killed_instance_loses_nothing_and_the_survivor_takes_its_slots(
     load = Load(f"http://127.0.0.1:{port}", 12)
     try:
         for admin in admins:
-            await until_status(f"{admin}/api/status", 200)
+            await until_status(f"{admin}/api/status", 200, watch=processes)
         for admin in admins:
             await _until(lambda admin=admin: _alive_is(admin, 2), "both instances alive")
         for admin in admins:

@@ -68,7 +68,7 @@ async def test_an_instance_waking_from_a_freeze_never_overfills_a_host(tmp_path)
     frozen = processes[0]
     try:
         for admin in admins:
-            await until_status(f"{admin}/api/status", 200)
+            await until_status(f"{admin}/api/status", 200, watch=processes)
         for admin in admins:
             await until_share(admin, PARALLEL // 2)
         frozen.send_signal(signal.SIGSTOP)

@@ -5,6 +5,8 @@ import os
 import pathlib
 import subprocess
 import sys
+import weakref
+from collections.abc import Iterable
 
 import treq
 from twisted.internet import reactor
@@ -12,7 +14,7 @@ from twisted.internet.task import deferLater
 
 from tests.support.harness import MODEL
 
-_SPAWNED: dict[subprocess.Popen, pathlib.Path] = {}
+_LOGS: "weakref.WeakKeyDictionary[subprocess.Popen, pathlib.Path]" = weakref.WeakKeyDictionary()
 
 TWISTD = str(pathlib.Path(sys.executable).parent / "twistd")
 
@@ -37,16 +39,16 @@ def spawn_twistd(
     config: pathlib.Path, log: pathlib.Path, env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     """`twistd -n crossbar -c config`, logging to `log` (Popen returns at once); `env` is
-    added to this process's environment. Every process spawned is remembered, so a wait for
-    one that exited says why (its log)."""
-    process = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", f"--logfile={log}", "crossbar", "-c", str(config)],
-        cwd=config.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    _SPAWNED[process] = log
+    added to this process's environment."""
+    with open(log.with_suffix(".stderr"), "wb") as stderr:  # what it says before logging
+        process = subprocess.Popen(
+            [TWISTD, "-n", "--pidfile=", f"--logfile={log}", "crossbar", "-c", str(config)],
+            cwd=config.parent,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+            env={**os.environ, **(env or {})},
+        )
+    _LOGS[process] = log
     return process
 
 
@@ -59,16 +61,22 @@ async def status(url: str) -> int:
         return 0
 
 
-async def until_status(url: str, code: int, deadline: float = 30.0) -> None:
-    """Wait for `url` to answer `code`; a twistd that exits meanwhile fails it at once, with
-    the end of its log (a port taken by another process between pick and bind, say)."""
+async def until_status(
+    url: str, code: int, deadline: float = 30.0, watch: Iterable[subprocess.Popen] = ()
+) -> None:
+    """Wait for `url` to answer `code`; a process of `watch` (spawn_twistd's) that exits
+    meanwhile fails it at once, with the end of its log (a port another process took between
+    its pick and its bind, say)."""
     for _ in range(int(deadline / 0.1)):
         if await status(url) == code:
             return
-        for process, log in list(_SPAWNED.items()):
-            if process.poll() is not None and process.returncode not in (0, -9, -15):
-                _SPAWNED.pop(process)
-                tail = log.read_text()[-2000:] if log.exists() else "(no log)"
+        for process in watch:
+            if process.poll() is not None:
+                log = _LOGS.get(process)
+                tail = "(no log)"
+                if log is not None:
+                    said = [p for p in (log, log.with_suffix(".stderr")) if p.exists()]
+                    tail = "".join(p.read_text() for p in said)[-2000:] or tail
                 raise AssertionError(f"twistd exited with {process.returncode}:\n{tail}")
         await deferLater(reactor, 0.1, lambda: None)
     raise AssertionError(f"{url} never answered {code}")
