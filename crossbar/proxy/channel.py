@@ -1,179 +1,461 @@
-"""The HTTP connections of crossbar's sites (the proxy's and the admin API's): deadlines for
-slow clients, and JSON answers where Twisted would drop the connection or answer a bare 400.
+"""The HTTP/1.1 connections of crossbar's sites (the proxy's and the admin API's): request heads
+read by llhttp (Node.js's parser, through httptools), bodies by length or by strict chunks,
+deadlines for slow clients, and JSON answers where a request cannot be taken.
+
+Each request goes to the site's `requestFactory` as twisted.web's HTTPChannel gives it (the
+proxy's lean Request and Klein's Request alike): `gotLength`, each piece of the body, then
+`requestReceived`; the request answers through `writeHeaders`, `write` and `requestDone`.
 
 - The request line and headers must all arrive within `header_timeout` of their first byte,
   a body must not pause longer than `body_timeout` between bytes, and must all arrive within
-  `body_deadline` of its first byte: else 408 and close (`Site(timeout=)` is an idle timer
-  reset by every byte, which a client trickling one byte every few seconds never trips).
-- Small writes go out at once (TCP_NODELAY, as nginx does): an answer's head and body are
-  separate writes, and Nagle would hold the second until the client's delayed ACK.
-- A request line or header line longer than Twisted's line limit: 414 or 431; more headers or
-  header bytes than Twisted allows: 431; any other request Twisted cannot parse: 400. Each
-  with crossbar's JSON error body, then the connection closes.
-- Framings that two parsers could read two ways (the raw material of request smuggling), which
-  Twisted takes or waits on, are 400 too: a `Transfer-Encoding` other than one `chunked`, or
-  on an HTTP/1.0 request; a folded header line (obs-fold); a line of the head that ends in a
+  `body_deadline` of its first byte: else 408 and close. A head and body that come whole in
+  one read (nearly all of them) arm no timer at all.
+- Small writes go out at once (TCP_NODELAY, as nginx does).
+- A request line over 16 KiB: 414; a header line over 16 KiB, more than 16 KiB of headers or
+  more than 500 of them: 431; anything else llhttp refuses: 400. Each with crossbar's JSON
+  error body, then the connection closes.
+- Framings that two parsers could read two ways (the raw material of request smuggling) are
+  400 too: a `Transfer-Encoding` other than one `chunked`, or beside a Content-Length, or on
+  an HTTP/1.0 request; a folded header line (obs-fold); a line of the head that ends in a
   bare LF; and what proxy/chunks.py refuses in a chunked body.
+- Pipelined requests are answered in order: while one is handled, up to 16 KiB more is read
+  (so a client that leaves is seen at once), then reading pauses until it is answered.
+- HTTP/1.1 connections persist unless the request says `Connection: close`; an HTTP/1.0
+  request's connection closes after its answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+import httptools
+from twisted.internet import interfaces
 from twisted.internet.interfaces import IDelayedCall
-from twisted.web.http import HTTPChannel
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.http_headers import Headers
+from zope.interface import implementer
 
 from crossbar.config import format_duration
 from crossbar.proxy.chunks import StrictChunks
-from crossbar.wire import ClientError, head_too_large, no_delay, phrase, replace_chunked_decoder
+from crossbar.wire import ClientError, no_delay, phrase, pull_to_push, request_headers
+
+MAX_LINE = 16384  # a request line or one header line
+MAX_HEADER_BYTES = 16384  # all header lines after the request line
+MAX_HEADERS = 500
+_EAGER = 16384  # bytes read ahead while a request is handled, before reading pauses
+_CRLF = b"\r\n"
+_END = b"\r\n\r\n"
 
 
-class ProxyChannel(HTTPChannel):
-    """One client connection of a crossbar site (the site holds the timeouts)."""
+class _Head:
+    """One request head as llhttp reads it: the target and the header lines, in order."""
 
-    _phase = "idle"  # idle, head, body, handling
-    _timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
-    _deadline: IDelayedCall | None = None  # the whole body's
-    _head_lines = 0
-    _heads = 0  # request heads begun on this connection
-    _request_line = b""  # of the head arriving now
-    _unended = b""  # the head's bytes after its last CRLF
-    _transfer_encoded = False  # the head arriving now has a Transfer-Encoding header
-    _refused = False
+    __slots__ = ("headers", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name, value))
+
+
+@implementer(interfaces.IPushProducer)
+class ProxyChannel(Protocol):
+    """One client connection of a crossbar site (the site holds the timeouts and bounds)."""
+
+    # Set by the site's buildProtocol (twisted.web.http.HTTPFactory and server.Site).
+    site: Any = None
+    requestFactory: Any = None
+    factory: Any = None
+    timeOut: float | None = None  # the site's idle timeout between requests
+    callLater: Callable[..., IDelayedCall] | None = None
+
+    def __init__(self) -> None:
+        self.requests: list[Any] = []  # the request being read or answered (one at most)
+        self.path = b""  # the target of the request arriving now, once its line is in
+        self._phase = "idle"  # idle, head, body, handling
+        self._head = b""  # the bytes of a head not yet whole
+        self._ahead: list[bytes] = []  # bytes read while a request is handled
+        self._ahead_size = 0
+        self._left = 0  # body bytes still to come (a Content-Length body)
+        self._chunks: StrictChunks | None = None  # the decoder of a chunked body
+        self._command = b""
+        self._version = b""
+        self._persistent = True
+        self._refused = False
+        self._replaying = False
+        self._timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
+        self._deadline: IDelayedCall | None = None  # the whole body's
+        self._idle: IDelayedCall | None = None
+        self._last = 0.0  # when the last request ended (the idle timer's mark)
+        self._request_producer: Any = None
+        self._waiting_for_transport = False
+        self._paused = False  # reading is paused (pipelined bytes, or the transport is full)
+        self._rest = b""  # what followed a chunked body that just ended
+
+    # -- the connection
 
     def connectionMade(self) -> None:
         no_delay(self.transport)
-        super().connectionMade()
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self._mark_idle()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._disarm()
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
+        requests, self.requests = self.requests, []
+        for request in requests:
+            request.connectionLost(reason)
 
     def dataReceived(self, data: bytes) -> None:
-        if self._phase == "idle" and data:
-            self._phase = "head"
-            self._heads += 1
-            self._head_lines = 0
-            self._request_line = self._unended = b""
-            self._transfer_encoded = False
-            self._arm(self.site.header_timeout, "the request's headers did not arrive in time")
-        head = self._heads if self._phase == "head" else None
-        super().dataReceived(data)
-        if self._phase == "head" and self._heads == head and not self._refused:
-            # Lines end at CRLF: a head whose lines end in a bare LF would wait for one until
-            # header_timeout. The head that took these bytes goes on: all went to its lines.
-            # (A head begun beneath this call, pipelined behind a request answered at once,
-            # took only the bytes after that request's body, and was checked there.)
-            self._unended = (self._unended + data).rsplit(b"\r\n", 1)[-1]
-            if b"\n" in self._unended:
-                self._refuse(400, "a line of the request head ends in a bare LF, not CRLF")
+        if self._refused:
+            return
+        if self._phase == "handling":
+            self._read_ahead(data)
+            return
+        self._take(data)
 
-    def lineReceived(self, line: bytes) -> None:
-        self._head_lines += 1
-        if b"\n" in line:
+    def _take(self, data: bytes) -> None:
+        """Read `data` into heads and bodies until it is used up or a request is handled."""
+        while data and not self._refused:
+            phase = self._phase
+            if phase == "handling":
+                self._read_ahead(data)
+                return
+            if phase == "body":
+                data = self._body(data)
+            else:
+                data = self._head_bytes(data)
+
+    def _read_ahead(self, data: bytes) -> None:
+        self._ahead.append(data)
+        self._ahead_size += len(data)
+        if self._ahead_size > _EAGER and not self._paused:
+            # Enough read ahead: the client is told to wait (TCP back-pressure) until its
+            # earlier request is answered.
+            self._paused = True
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+
+    # -- the head
+
+    def _head_bytes(self, data: bytes) -> bytes:
+        """Take `data` into the head arriving now; returns what follows the head once it is
+        whole (b"" until then)."""
+        if self._phase == "idle":
+            if not self._head and data[:2] == _CRLF:
+                data = data.lstrip(_CRLF)  # empty lines before a request line are skipped
+                if not data:
+                    return b""
+            self._phase = "head"
+            self.path = b""
+        buffer = self._head + data if self._head else data
+        end = buffer.find(_END)
+        if end < 0:
+            self._head = buffer
+            self._check_partial(buffer)
+            if self._timer is None and not self._refused:
+                self._arm(self.site.header_timeout, "the request's headers did not arrive in time")
+            return b""
+        self._head = b""
+        head, rest = buffer[: end + 4], buffer[end + 4 :]
+        if self._timer is not None:
+            self._disarm()
+        self._read_head(head)
+        return rest
+
+    def _check_partial(self, buffer: bytes) -> None:
+        """Refuse a head that cannot become good, without waiting for its end."""
+        line_end = buffer.find(_CRLF)
+        if line_end < 0:
+            if len(buffer) > MAX_LINE:
+                self._refuse(414, "the request line is too long")
+            elif b"\n" in buffer:
+                self._refuse(400, "a line of the request head ends in a bare LF, not CRLF")
+            return
+        self._line_path(buffer[:line_end])
+        if buffer.count(b"\n") != buffer.count(_CRLF):
+            self._refuse(400, "a line of the request head ends in a bare LF, not CRLF")
+        elif len(buffer) - line_end - 2 > MAX_HEADER_BYTES + 2:
+            self._refuse(431, "a request header line is too long, or there are too many")
+
+    def _line_path(self, line: bytes) -> None:
+        parts = line.split(b" ")
+        if len(parts) == 3:
+            self.path = parts[1]
+
+    def _read_head(self, head: bytes) -> None:
+        line_end = head.find(_CRLF)
+        self._line_path(head[:line_end])
+        if line_end > MAX_LINE:
+            self._refuse(414, "the request line is too long")
+            return
+        if head.count(b"\n") != head.count(_CRLF):
             self._refuse(400, "a line of the request head ends in a bare LF, not CRLF")
             return
-        if not self._request_line:
-            self._request_line = line  # (Twisted skips one empty line before it)
-        elif line[:1] in (b" ", b"\t"):
+        if b"\r\n " in head or b"\r\n\t" in head:
             self._refuse(400, "a header line is folded onto the one before (obs-fold)")
             return
-        super().lineReceived(line)
+        if len(head) - line_end - 4 > MAX_HEADER_BYTES:
+            self._refuse(431, "the request has too many headers, or too many header bytes")
+            return
+        parsed = _Head()
+        parser = httptools.HttpRequestParser(parsed)
+        try:
+            parser.feed_data(head)
+        except httptools.HttpParserUpgrade:
+            pass  # an Upgrade header: crossbar upgrades nothing, the request is plain HTTP
+        except httptools.HttpParserError as e:
+            self._refuse(400, _not_http(e, parsed.headers))
+            return
+        headers = parsed.headers
+        if len(headers) > MAX_HEADERS:
+            self._refuse(431, "the request has too many headers, or too many header bytes")
+            return
+        version = parser.get_http_version()
+        if version not in ("1.1", "1.0"):
+            self._refuse(400, f"HTTP/{version} is not served: send HTTP/1.1")
+            return
+        self._version = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
+        why, length, chunked, tokens = _framing(headers, self._version)
+        if why is not None:
+            self._refuse(400, why)
+            return
+        self._command = parser.get_method()
+        self.path = parsed.url
+        self._persistent = self._version == b"HTTP/1.1" and b"close" not in tokens
+        self._start(headers, length, chunked)
 
-    def headerReceived(self, line: bytes) -> bool:
-        name, _, value = line.partition(b":")
-        if name.lower() == b"transfer-encoding":
-            why = self._transfer_encoding(value.strip(b" \t"))
-            if why is not None:
-                self._refuse(400, why)
-                return False
-        return super().headerReceived(line)
+    def _start(self, headers: list[tuple[bytes, bytes]], length: int, chunked: bool) -> None:
+        """A head is in: make its request and begin its body."""
+        request = self.requestFactory(self)
+        request.requestHeaders = request_headers(headers)
+        self.requests.append(request)
+        if not self._persistent and self._version == b"HTTP/1.1":
+            request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
+        request.gotLength(None if chunked else length)
+        if self._refused:  # the request refused its length (413, 503)
+            return
+        expect = request.requestHeaders.getRawHeaders(b"expect")
+        if expect and expect[0].lower() == b"100-continue" and self._version == b"HTTP/1.1":
+            if chunked or length:
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[union-attr]
+        if chunked:
+            self._phase = "body"
+            self._chunks = StrictChunks(
+                request.handleContentChunk,
+                self._chunked_end,
+                getattr(request, "chunk_declared", None) or (lambda n: True),
+                lambda why: self._refuse(400, why),
+            )
+        elif length:
+            self._phase = "body"
+            self._left = length
+        else:
+            self._received()
 
-    def _transfer_encoding(self, value: bytes) -> str | None:
-        """Why a Transfer-Encoding header cannot be taken, or None. Twisted takes `identity`
-        beside a Content-Length, a second header after `chunked`, and chunked on HTTP/1.0,
-        where another parser reads the body's length another way."""
-        if self._transfer_encoded:
-            return "the request has more than one Transfer-Encoding header"
-        self._transfer_encoded = True
-        version = self._request_line.rsplit(b" ", 1)[-1]
-        if version != b"HTTP/1.1":
-            shown = version.decode("latin-1")[:20]
-            return f"Transfer-Encoding on an {shown} request: a chunked body needs HTTP/1.1"
-        if value.lower() != b"chunked":
-            shown = value.decode("latin-1")[:40]
-            return f"Transfer-Encoding {shown!r}: crossbar takes only chunked"
-        return None
+    # -- the body
 
-    def allHeadersReceived(self) -> None:
-        self._phase = "body"
-        self._arm(self.site.body_timeout, "the request's body stopped arriving")
-        replace_chunked_decoder(self, self._strict_chunks)
-        super().allHeadersReceived()
-
-    def _strict_chunks(
-        self, data: Callable[[bytes], None], finish: Callable[[bytes], None]
-    ) -> StrictChunks:
-        # Each chunk's size goes to the request before its data: 413 or 503 before the bytes.
-        declared = getattr(self.requests[-1], "chunk_declared", None) or (lambda length: True)
-        return StrictChunks(data, finish, declared, lambda why: self._refuse(400, why))
-
-    def rawDataReceived(self, data: bytes) -> None:
-        super().rawDataReceived(data)
-        # Armed only for a body still arriving once these bytes are taken: most bodies come
-        # whole with their head, and two timers made and cancelled per request cost.
+    def _body(self, data: bytes) -> bytes:
+        """Take body bytes; returns what follows the body once it ended (b"" until then)."""
+        chunks = self._chunks
+        if chunks is not None:
+            self._rest = b""
+            chunks.dataReceived(data)
+            rest, self._rest = self._rest, b""
+        else:
+            request = self.requests[-1]
+            if len(data) < self._left:
+                self._left -= len(data)
+                request.handleContentChunk(data)
+                rest = b""
+            else:
+                piece, rest = data[: self._left], data[self._left :]
+                self._left = 0
+                request.handleContentChunk(piece)
+                if not self._refused:
+                    self._received()
+                return rest
         if self._phase == "body" and not self._refused:
-            self._arm(self.site.body_timeout, "the request's body stopped arriving")
-            if self._deadline is None:
-                self._deadline = self.callLater(
-                    self.site.body_deadline,
-                    self._refuse,
-                    408,
-                    "the request's body did not all arrive within "
-                    f"{format_duration(self.site.body_deadline)} of its first byte",
-                )
+            self._body_pending()
+        return rest
 
-    def allContentReceived(self) -> None:
+    def _chunked_end(self, rest: bytes) -> None:
+        self._chunks = None
+        self._rest = rest
+        self._received()
+
+    def _body_pending(self) -> None:
+        """Bytes of a body came and more are due: the pause and whole-body deadlines run."""
+        self._arm(self.site.body_timeout, "the request's body stopped arriving")
+        if self._deadline is None:
+            self._deadline = self._later(
+                self.site.body_deadline,
+                self._refuse,
+                408,
+                "the request's body did not all arrive within "
+                f"{format_duration(self.site.body_deadline)} of its first byte",
+            )
+
+    def _received(self) -> None:
+        """The request is all in: it is handled, and bytes after it wait their turn."""
         self._phase = "handling"
-        self._disarm()
-        super().allContentReceived()
+        if self._timer is not None or self._deadline is not None:
+            self._disarm()
+        request = self.requests[-1]
+        request.requestReceived(self._command, self.path, self._version)
+
+    # -- what a request calls (twisted.web's HTTPChannel interface)
 
     def requestDone(self, request: Any) -> None:
+        """`request` is answered: read the next one, or close."""
+        if self.requests and self.requests[0] is request:
+            del self.requests[0]
+        if not self._persistent:
+            self.loseConnection()
+            return
         self._phase = "idle"
-        super().requestDone(request)
+        self._mark_idle()
+        if self._paused and not self._waiting_for_transport:
+            self._paused = False
+            self.transport.resumeProducing()  # type: ignore[union-attr]
+        if not self._ahead or self._replaying:
+            return
+        # Pipelined bytes are read now; a request among them answered at once ends here
+        # again, and the loop goes on instead of recursing.
+        self._replaying = True
+        try:
+            while self._ahead and self._phase != "handling" and not self._refused:
+                data = b"".join(self._ahead)
+                self._ahead, self._ahead_size = [], 0
+                self._take(data)
+        finally:
+            self._replaying = False
 
-    def connectionLost(self, reason: Any) -> None:
-        self._disarm()
-        super().connectionLost(reason)
+    def writeHeaders(
+        self, version: bytes, code: bytes, reason: bytes, headers: Headers | Sequence[Any]
+    ) -> None:
+        """Write the status line and `headers` (twisted.web's Request calls this)."""
+        pairs = headers.getAllRawHeaders() if isinstance(headers, Headers) else _grouped(headers)
+        lines = [version, b" ", code, b" ", reason, _CRLF]
+        for name, values in pairs:
+            for value in values:
+                lines += (name, b": ", value, _CRLF)
+        lines.append(_CRLF)
+        self.transport.writeSequence(lines)  # type: ignore[union-attr]
 
-    def _send100Continue(self) -> None:
-        # Twisted asks for the body after the request judged its length: a body refused then
-        # (413, 503) must not be asked for, and a TCP transport sends what is written after
-        # loseConnection, so the refusal's answer would be followed by "100 Continue".
-        if not self._refused:
-            super()._send100Continue()
+    def write(self, data: bytes) -> None:
+        self.transport.write(data)  # type: ignore[union-attr]
 
-    def lineLengthExceeded(self, line: bytes) -> None:
-        if self._head_lines == 0:
-            self._refuse(414, "the request line is too long")
-        else:
-            self._refuse(431, "a request header line is too long")
+    def writeSequence(self, data: Sequence[bytes]) -> None:
+        self.transport.writeSequence(data)  # type: ignore[union-attr]
+
+    def getPeer(self) -> Any:
+        return self.transport.getPeer()  # type: ignore[union-attr]
+
+    def getHost(self) -> Any:
+        return self.transport.getHost()  # type: ignore[union-attr]
+
+    def isSecure(self) -> bool:
+        return interfaces.ISSLTransport(self.transport, None) is not None
+
+    def loseConnection(self) -> None:
+        self.transport.unregisterProducer()  # type: ignore[union-attr]
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def registerProducer(self, producer: Any, streaming: bool) -> None:
+        """The answer's producer: paused and resumed with the client's connection."""
+        if self._request_producer is not None:
+            raise RuntimeError(f"a producer ({self._request_producer}) is registered already")
+        if not streaming:
+            producer = pull_to_push(producer, self)
+        self._request_producer = producer
+        if self._waiting_for_transport:
+            producer.pauseProducing()
+
+    def unregisterProducer(self) -> None:
+        producer, self._request_producer = self._request_producer, None
+        stop = getattr(producer, "stopStreaming", None)
+        if stop is not None:
+            stop()
+
+    # IPushProducer, for the transport: its buffer is full, or has room again.
+
+    def pauseProducing(self) -> None:
+        self._waiting_for_transport = True
+        if self._request_producer is not None:
+            self._request_producer.pauseProducing()
+        if self._phase != "handling" and not self._paused:
+            self._paused = True  # answers wait to be read: read no more requests meanwhile
+            self.transport.pauseProducing()  # type: ignore[union-attr]
+
+    def resumeProducing(self) -> None:
+        self._waiting_for_transport = False
+        if self._request_producer is not None:
+            self._request_producer.resumeProducing()
+        if self._phase != "handling" and self._paused:
+            self._paused = False
+            self.transport.resumeProducing()  # type: ignore[union-attr]
+
+    def stopProducing(self) -> None:
+        if self._request_producer is not None:
+            self._request_producer.stopProducing()
 
     def _respondToBadRequestAndDisconnect(self) -> None:
-        # Twisted's bare "400 Bad Request" for anything it cannot parse, with our body instead.
-        if head_too_large(self):
-            self._refuse(431, "the request has too many headers, or too many header bytes")
-        else:
-            self._refuse(400, "the request is not valid HTTP/1.1")
+        # twisted.web's Request calls this for a form body it cannot parse.
+        self._refuse(400, "the request body is not a form that can be read")
+
+    # -- timers
+
+    def _later(self, seconds: float, f: Callable[..., Any], *args: Any) -> IDelayedCall:
+        later = self.callLater
+        if later is None:
+            from twisted.internet import reactor
+
+            later = reactor.callLater  # type: ignore[attr-defined]
+        return later(seconds, f, *args)
 
     def _arm(self, seconds: float, why: str) -> None:
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
-        self._timer = self.callLater(seconds, self._refuse, 408, why)
+        self._timer = self._later(seconds, self._refuse, 408, why)
 
     def _disarm(self) -> None:
-        """Cancel every timer: the head's or the body's pause, and the body's deadline."""
+        """Cancel the head's or the body's timers."""
         for timer in (self._timer, self._deadline):
             if timer is not None and timer.active():
                 timer.cancel()
         self._timer = self._deadline = None
+
+    def _mark_idle(self) -> None:
+        """The connection waits for a request: after the site's idle timeout without one, it
+        closes. One timer per connection, moved on lazily (none is made per request)."""
+        if not self.timeOut or self.site is None:
+            return
+        self._last = self.site.reactor.seconds()
+        if self._idle is None or not self._idle.active():
+            self._idle = self._later(self.timeOut, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle = None
+        if self._phase not in ("idle",) or self.transport is None:
+            if self._phase != "idle":  # a request is arriving or answered: idle after it
+                self._idle = self._later(self.timeOut, self._idle_check)  # type: ignore[arg-type]
+            return
+        left = self._last + self.timeOut - self.site.reactor.seconds()  # type: ignore[operator]
+        if left > 0:
+            self._idle = self._later(left, self._idle_check)
+            return
+        self.loseConnection()
+
+    # -- refusals
 
     def _refuse(self, status: int, message: str) -> None:
         """Answer `status` (`invalid_request_error`) as `refuse` does."""
@@ -198,5 +480,54 @@ class ProxyChannel(HTTPChannel):
             + body
         )
         self.loseConnection()
-        self.dataReceived = lambda data: None  # type: ignore[method-assign]
         self.site.refused(refusal, error.status, why)
+
+
+def _framing(
+    headers: list[tuple[bytes, bytes]], version: bytes
+) -> tuple[str | None, int, bool, set[bytes]]:
+    """(why the body's framing cannot be taken or None, its Content-Length, chunked, the
+    Connection tokens)."""
+    length, chunked, encodings, lengths = 0, False, 0, 0
+    tokens: set[bytes] = set()
+    for name, value in headers:
+        low = name.lower()
+        if low == b"content-length":
+            lengths += 1
+            length = int(value)  # llhttp took it: digits, and one value however repeated
+        elif low == b"transfer-encoding":
+            encodings += 1
+            if encodings > 1:
+                return "the request has more than one Transfer-Encoding header", 0, False, tokens
+            if version != b"HTTP/1.1":
+                shown = version.decode("latin-1")
+                return (
+                    f"Transfer-Encoding on an {shown} request: a chunked body needs HTTP/1.1",
+                    0,
+                    False,
+                    tokens,
+                )
+            if value.strip(b" \t").lower() != b"chunked":
+                shown = value.decode("latin-1")[:40]
+                return f"Transfer-Encoding {shown!r}: crossbar takes only chunked", 0, False, tokens
+            chunked = True
+        elif low == b"connection":
+            tokens.update(t.strip().lower() for t in value.split(b","))
+    if chunked and lengths:
+        return "a request may not have both Transfer-Encoding and Content-Length", 0, False, tokens
+    return None, length, chunked, tokens
+
+
+def _not_http(error: Exception, headers: list[tuple[bytes, bytes]]) -> str:
+    """Why llhttp refused a head, in a client's terms (the smuggling shapes by name)."""
+    names = {name.lower() for name, _ in headers}
+    if b"transfer-encoding" in names:
+        if b"content-length" in names:
+            return "a request may not have both Transfer-Encoding and Content-Length"
+        return "the request's Transfer-Encoding cannot be taken: crossbar takes only chunked"
+    detail = str(error).strip() or "unreadable head"
+    return f"the request is not valid HTTP/1.1 ({detail})"
+
+
+def _grouped(pairs: Sequence[Any]) -> list[tuple[bytes, list[bytes]]]:
+    return [(name, [value]) for name, value in pairs]

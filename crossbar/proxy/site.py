@@ -31,7 +31,6 @@ from crossbar.wire import (
     bad_request,
     classify,
     header_reader,
-    request_line_path,
     unavailable,
     write_error,
 )
@@ -225,7 +224,7 @@ class ProxySite(BoundedSite):
     def refusal(self, channel: Any, request: Any = None) -> Refusal:
         """Its route from its request line (or its X-Crossbar-Route header when the headers
         are in), the dialect its path names, the route's CORS headers."""
-        raw = request_line_path(channel).split(b"?", 1)[0].decode("utf-8", "replace")
+        raw = channel.path.split(b"?", 1)[0].decode("utf-8", "replace")
         header = header_reader(request.requestHeaders) if request is not None else None
         try:
             name, path = split_route(

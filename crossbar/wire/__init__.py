@@ -26,15 +26,11 @@ from crossbar.wire.inbound import (
     header_reader,
     json_object,
     request_body,
+    request_headers,
 )
 from crossbar.wire.meter import Tokens
 from crossbar.wire.relay import Relay
-from crossbar.wire.twisted_private import (
-    head_too_large,
-    quiet_pool,
-    replace_chunked_decoder,
-    request_line_path,
-)
+from crossbar.wire.twisted_private import pull_to_push, quiet_pool
 from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
 
 __all__ = [
@@ -58,7 +54,6 @@ __all__ = [
     "canonical",
     "classify",
     "forbidden",
-    "head_too_large",
     "header_reader",
     "json_object",
     "limit_output",
@@ -66,11 +61,11 @@ __all__ = [
     "not_found",
     "phrase",
     "prepare",
+    "pull_to_push",
     "quiet_pool",
     "renamed_body",
-    "replace_chunked_decoder",
     "request_body",
-    "request_line_path",
+    "request_headers",
     "unauthorized",
     "unavailable",
     "write_error",

@@ -1,5 +1,4 @@
-"""Connections to hosts: TCP (or TLS) endpoints made once per host, with TCP_NODELAY, and
-counted so a request knows whether it went on a pooled connection."""
+"""Connections to hosts: TCP (or TLS) endpoints made once per host, with TCP_NODELAY."""
 
 from __future__ import annotations
 
@@ -83,30 +82,6 @@ class HostEndpoints:
                 endpoint = wrapClientTLS(self._tls.creatorForNetloc(uri.host, uri.port), endpoint)
             self._cache[key] = endpoint
         return endpoint
-
-
-@implementer(IStreamClientEndpoint)
-class _Counted:
-    def __init__(self, inner: IStreamClientEndpoint, owner: CountingEndpoints) -> None:
-        self._inner = inner
-        self._owner = owner
-
-    def connect(self, factory: Any) -> Deferred:
-        self._owner.connects += 1
-        return self._inner.connect(factory)
-
-
-@implementer(IAgentEndpointFactory)
-class CountingEndpoints:
-    """Counts the connections opened: the pool opens one only when it has none to reuse, and
-    it asks synchronously, so a request that opened none went on a pooled connection."""
-
-    def __init__(self, inner: IAgentEndpointFactory) -> None:
-        self._inner = inner
-        self.connects = 0
-
-    def endpointForURI(self, uri: Any) -> IStreamClientEndpoint:
-        return _Counted(self._inner.endpointForURI(uri), self)
 
 
 def authorization(host: HostConfig) -> dict[str, str]:

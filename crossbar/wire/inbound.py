@@ -41,6 +41,15 @@ def header_reader(headers: Headers) -> HeaderReader:
     return header
 
 
+def request_headers(pairs: list[tuple[bytes, bytes]]) -> Headers:
+    """A request's header lines, in order, as Headers."""
+    headers = Headers()
+    add = headers.addRawHeader
+    for name, value in pairs:
+        add(name, value)
+    return headers
+
+
 def bearer(value: str | None) -> str | None:
     """The token of an `Authorization: Bearer <token>` header value, or None."""
     if value is None:

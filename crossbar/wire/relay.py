@@ -18,7 +18,6 @@ from zope.interface import implementer
 from crossbar.wire.dialects import Dialect
 from crossbar.wire.errors import ClientError
 from crossbar.wire.meter import Meter, Tokens
-from crossbar.wire.twisted_private import connection_headers
 from crossbar.wire.upstream import hop_by_hop
 
 
@@ -171,7 +170,7 @@ class Relay:
         request = self._request
         self.status = response.code
         request.setResponseCode(response.code, response.phrase)
-        drop = hop_by_hop(response.headers, connection_headers(response))
+        drop = hop_by_hop(response.headers, response.connection_headers)
         mine = request.responseHeaders  # crossbar's own (CORS) are set already
         for name, values in response.headers.getAllRawHeaders():
             low = name.lower()

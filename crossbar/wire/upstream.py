@@ -15,26 +15,26 @@ import json
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
-import treq
 from attrs import frozen
 from twisted.internet import error as ierror
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.client import (
-    Agent,
-    RequestTransmissionFailed,
-    ResponseFailed,
-    ResponseNeverReceived,
-)
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer, IResponse
-from zope.interface import implementer
+from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.wire.dialects import Dialect
-from crossbar.wire.endpoints import CountingEndpoints, HostEndpoints, authorization
-from crossbar.wire.twisted_private import RequestNotSent, not_http, quiet_pool
+from crossbar.wire.endpoints import HostEndpoints, authorization
+from crossbar.wire.pool import (
+    HostClosed,
+    HostConnection,
+    HostPool,
+    HostResponse,
+    NotHTTP,
+    read_body,
+    request_head,
+)
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
     from crossbar.wire.inbound import Inbound
@@ -182,12 +182,9 @@ def classify(failure: Failure, reused: bool, late: bool = False) -> UpstreamFail
         )
     if failure.check(ierror.ConnectError, ierror.DNSLookupError):
         return UpstreamFailure("connect failed", connecting=True)
-    garbage = not_http(failure)
-    if garbage is not None:
-        return UpstreamFailure("not http", connecting=False, detail=garbage)
-    if failure.check(
-        ResponseNeverReceived, RequestTransmissionFailed, RequestNotSent, ResponseFailed
-    ):
+    if failure.check(NotHTTP):
+        return UpstreamFailure("not http", connecting=False, detail=failure.value.detail)
+    if failure.check(HostClosed):
         # No response (or only part of its head) arrived: to the client, nothing was sent yet.
         return UpstreamFailure("reset", connecting=False, reused=reused)
     return None
@@ -200,28 +197,6 @@ def _own_fault(error: BaseException) -> bool:
     return number in _OWN_FAULTS
 
 
-@implementer(IBodyProducer)
-class _Bytes:
-    """A body already in memory (bounded by max_body), written in one go."""
-
-    def __init__(self, body: bytes) -> None:
-        self._body = body
-        self.length = len(body)
-
-    def startProducing(self, consumer: Any) -> Deferred[None]:
-        consumer.write(self._body)
-        return succeed(None)
-
-    def pauseProducing(self) -> None:
-        pass
-
-    def resumeProducing(self) -> None:
-        pass
-
-    def stopProducing(self) -> None:
-        pass
-
-
 class _Discard(Protocol):
     """Reads nothing: aborts a response nobody waits for any more."""
 
@@ -230,7 +205,8 @@ class _Discard(Protocol):
 
 
 class Upstream:
-    """Sends requests to hosts: a persistent pool, and fresh connections for the one retry."""
+    """Sends requests to hosts over kept connections (wire/pool.py), and fresh ones for the
+    one retry."""
 
     def __init__(
         self,
@@ -245,17 +221,8 @@ class Upstream:
         self.idle_timeout = idle_timeout  # no byte from the host this long: give up
         self._connect_timeout = connect_timeout
         self._own_endpoints = endpoints is None
-        self._pool = quiet_pool(reactor, persistent=True)
-        self._pool.maxPersistentPerHost = per_host
-        self._pool.retryAutomatically = False  # crossbar decides about retries itself
-        self._fresh_pool = quiet_pool(reactor, persistent=False)
-        self._use(endpoints or HostEndpoints(reactor, connect_timeout))
-
-    def _use(self, endpoints: IAgentEndpointFactory) -> None:
-        self._endpoints = CountingEndpoints(endpoints)
-        self._agent = Agent.usingEndpointFactory(self._reactor, self._endpoints, pool=self._pool)
-        self._fresh = Agent.usingEndpointFactory(
-            self._reactor, self._endpoints, pool=self._fresh_pool
+        self._pool = HostPool(
+            reactor, endpoints or HostEndpoints(reactor, connect_timeout), per_host
         )
 
     def reconfigure(self, config: Config) -> None:
@@ -264,9 +231,9 @@ class Upstream:
         self.idle_timeout = s.upstream_idle_timeout
         if self._own_endpoints and s.upstream_connect_timeout != self._connect_timeout:
             self._connect_timeout = s.upstream_connect_timeout
-            self._use(HostEndpoints(self._reactor, s.upstream_connect_timeout))
+            self._pool.endpoints = HostEndpoints(self._reactor, s.upstream_connect_timeout)
 
-    async def send(self, out: Outgoing) -> IResponse:
+    async def send(self, out: Outgoing) -> HostResponse:
         """Send `out`; raise UpstreamFailure when no response byte came back, CancelledError
         when the caller cancelled."""
         try:
@@ -279,13 +246,16 @@ class Upstream:
         # host. Once more, fresh.
         return await self._attempt(out, fresh=True)
 
-    async def _attempt(self, out: Outgoing, fresh: bool) -> IResponse:
-        agent = self._fresh if fresh else self._agent
-        opened = self._endpoints.connects
+    async def _attempt(self, out: Outgoing, fresh: bool) -> HostResponse:
+        pool = self._pool
+        origin, target = pool.origin(out.url)
+        head = request_head(out.method, target, origin.host, out.headers, out.body)
+        connection = None if fresh else pool.take(origin)
+        reused = connection is not None
         started = self._reactor.seconds()
-        producer = _Bytes(out.body) if out.body is not None else None
-        d = agent.request(out.method, out.url, out.headers, producer)
-        reused = not fresh and self._endpoints.connects == opened
+        d = Deferred.fromCoroutine(
+            _exchange(pool, origin, connection, head, out.body, out.method == b"HEAD")
+        )
         why: list[str] = []  # who stopped the request: "client" (our caller) or "idle"
 
         def stop(reason: str) -> None:
@@ -294,7 +264,7 @@ class Upstream:
                 d.cancel()
 
         timer = self._reactor.callLater(self.idle_timeout, stop, "idle")
-        result: Deferred[IResponse] = Deferred(lambda _: stop("client"))
+        result: Deferred[HostResponse] = Deferred(lambda _: stop("client"))
 
         def settle(outcome: Any) -> None:
             if timer.active():
@@ -304,6 +274,10 @@ class Upstream:
                     outcome.deliverBody(_Discard())
             elif why == ["client"]:
                 result.errback(CancelledError())
+            elif why == ["idle"]:
+                # Never retried: a silent host is not a keep-alive race, and resending doubles
+                # its work.
+                result.errback(UpstreamFailure("idle timeout", connecting=False))
             elif isinstance(outcome, Failure):
                 result.errback(outcome)
             else:
@@ -312,13 +286,9 @@ class Upstream:
         d.addBoth(settle)
         try:
             return await result
-        except CancelledError:
+        except (CancelledError, UpstreamFailure):
             raise
         except Exception:
-            if why == ["idle"]:
-                # Never retried: a silent host is not a keep-alive race, and resending doubles
-                # its work.
-                raise UpstreamFailure("idle timeout", connecting=False) from None
             late = self._reactor.seconds() - started > self._connect_timeout + _LATE
             mapped = classify(Failure(), reused, late)
             if mapped is None:
@@ -334,7 +304,7 @@ class Upstream:
             headers.setRawHeaders(name, [value])
         out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
         response = await self.send(out)
-        return response.code, await treq.content(response)
+        return response.code, await read_body(response)
 
     async def count_tokens(self, host: HostConfig, dialect: Dialect, body: Any) -> int | None:
         """Ask `host` how many tokens the prompt of `body` is; None when it cannot say."""
@@ -360,5 +330,19 @@ class Upstream:
 
     async def close(self) -> None:
         """Close every pooled connection."""
-        await self._pool.closeCachedConnections()
-        await self._fresh_pool.closeCachedConnections()
+        self._pool.close()
+
+
+async def _exchange(
+    pool: HostPool,
+    origin: Any,
+    connection: HostConnection | None,
+    head: bytes,
+    body: bytes | None,
+    head_only: bool,
+) -> HostResponse:
+    """One request on `connection`, or on a new one to `origin`; cancelling it cancels the
+    connect or drops the connection."""
+    if connection is None:
+        connection = await pool.connect(origin)
+    return await connection.request(head, body, head_only)

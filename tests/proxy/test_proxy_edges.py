@@ -6,9 +6,9 @@ import pytest_twisted
 from twisted.internet import error as ierror
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
-from twisted.web.client import ResponseFailed
 
 from crossbar.wire.dialects import classify as dialect_of
+from crossbar.wire.pool import HostClosed
 from crossbar.wire.upstream import classify
 from tests.support.harness import MODEL, start_fakes, until, wait
 
@@ -76,9 +76,10 @@ async def test_answers_crossbar_gives_itself_are_accounted_as_200(launch):
 
 
 def test_a_head_cut_short_is_a_reset_and_only_a_failed_connect_says_the_host_is_down():
-    cut = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=False)
+    lost = Failure(ierror.ConnectionLost())
+    cut = classify(Failure(HostClosed(answered=True, reason=lost)), reused=False)
     assert (cut.reason, cut.connecting) == ("reset", False)
-    pooled = classify(Failure(ResponseFailed([Failure(ierror.ConnectionLost())])), reused=True)
+    pooled = classify(Failure(HostClosed(answered=False, reason=lost)), reused=True)
     assert (pooled.reason, pooled.connecting, pooled.reused) == ("reset", False, True)
     refused = classify(Failure(ierror.ConnectionRefusedError()), reused=False)
     assert (refused.reason, refused.connecting) == ("refused", True)
