@@ -450,11 +450,10 @@ class Router:
 
 
 def start_nginx(sitting: Sitting, name: str, text: str, port: int) -> Process:
-    conf = sitting.work / f"{name}.conf"
+    label = sitting.label(name)
+    conf = sitting.work / f"{label}.conf"
     conf.write_text(text)
-    process = sitting.processes.start(
-        sitting.label(name), ["nginx", "-c", str(conf), "-p", str(sitting.work)]
-    )
+    process = sitting.processes.start(label, ["nginx", "-c", str(conf), "-p", str(sitting.work)])
     wait_until(process, f"http://127.0.0.1:{port}/health", ok, "answer /health")
     return process
 
