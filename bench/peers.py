@@ -1,7 +1,7 @@
 """crossbar beside nginx, smg and vllm-router in front of one fixed-answer upstream: the latency
 each adds, the rate each serves, the CPU each spends per request and per relayed stream chunk.
 
-    .venv/bin/python bench/peers.py [--duration 10] [--warmup 3] [--runs 1]
+    .venv/bin/python bench/peers.py [--duration 10] [--warmup 3] [--runs 3]
         [--routers direct,nginx,crossbar,smg,vllm-router,vllm-router-hash]
         [--bodies small,100k] [--streams 1000] [--stream-rate 10]
         [--crossbar-python .venv/bin/python] [--json]
@@ -34,7 +34,8 @@ Then the streams: `--streams` concurrent SSE streams from bench/sse_source.py (`
 chunks a second each), read by an asyncio client in this process through each router (direct
 first, for the source's own gaps), ramped over a second, measured for `--duration` seconds
 after a 2-second warm-up: chunks relayed, the router's CPU µs per chunk, the p99 gap between
-chunks (streams 0 skips them).
+chunks (`--streams 0` skips them). nginx relays them with `proxy_buffering off`, as one puts
+it in front of SSE.
 
 Printed: the load average before the sitting (a warning above 1), which checkout crossbar ran
 from, one table (router | body | added p50 c=1 | added p99 c=1 | req/s c=32 | CPU µs/request |
@@ -811,7 +812,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bodies", default=",".join(BODIES), help="comma-separated, of: %(default)s")
     p.add_argument("--streams", type=int, default=1000, help="concurrent SSE streams (0: none)")
     p.add_argument("--stream-rate", type=float, default=10.0, help="chunks a second per stream")
-    p.add_argument("--runs", type=int, default=1, help="runs; each figure is their median")
+    p.add_argument("--runs", type=int, default=3, help="runs; each figure is their median")
     p.add_argument(
         "--crossbar-python",
         default=sys.executable,
@@ -842,13 +843,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench: needs {' and '.join(missing)} on PATH (Debian: apt-get install "
               "nginx-light wrk); nothing measured", file=sys.stderr)  # fmt: skip
         return 2
+    out = sys.stderr if args.json else sys.stdout  # --json: stdout is the JSON alone
     load = Path("/proc/loadavg").read_text().split()[:3]
-    print(f"load average before: {' '.join(load)}; {os.cpu_count()} cores", flush=True)
+    print(f"load average before: {' '.join(load)}; {os.cpu_count()} cores", file=out, flush=True)
     if float(load[0]) > 1:
-        print(f"WARNING: load average {load[0]} is above 1: something else is running; "
-              "latency and req/s will be off, CPU per request less so", flush=True)  # fmt: skip
-    if "crossbar" in args.routers:
-        print(f"crossbar from {crossbar_checkout(args.crossbar_python)}", flush=True)
+        warning = f"WARNING: load average {load[0]} is above 1: something else is running; "
+        print(warning + "latency and req/s will be off, CPU per request less so", file=out)
+    checkout = crossbar_checkout(args.crossbar_python) if "crossbar" in args.routers else None
+    if checkout:
+        print(f"crossbar from {checkout}", file=out, flush=True)
     skipped = {}
     for name in [r for r in args.routers if r in PEER_OF]:
         try:
@@ -883,7 +886,8 @@ def main(argv: list[str] | None = None) -> int:
     if "summary" not in result:
         return status or 1
     if args.json:
-        result.update(load_before=load, skipped=skipped, routers=routers, bodies=args.bodies)
+        result.update(load_before=load, skipped=skipped, routers=routers, bodies=args.bodies,
+                      crossbar_checkout=checkout, options=vars(args))  # fmt: skip
         print(json.dumps(result, indent=2))
     else:
         report(result["summary"], args, skipped)
