@@ -42,7 +42,8 @@ from, one table (router | body | added p50 c=1 | added p99 c=1 | req/s c=32 | CP
 notes) and one for the streams; with `--runs R`, each figure is the median of R runs. A router
 that fails says so in its row (notes) and the others go on; every process is stopped at the
 end, and the logs are kept (their directory is named) when something failed. Ports come from
-24000-24999. Needs nginx and wrk on PATH (Debian: apt-get install nginx-light wrk).
+24000-24999; a default sitting takes about 16 minutes on 2 cores. Needs nginx and wrk on PATH
+(Debian: apt-get install nginx-light wrk).
 """
 
 from __future__ import annotations
@@ -210,7 +211,7 @@ TOOLS = [
 
 
 def agent_body(size: int = 100 * 1024) -> dict[str, Any]:
-    """An agent's chat body of about `size` bytes: a long system prompt (~24 KB of rules), tool
+    """An agent's chat body of about `size` bytes: a long system prompt (~25 KB of rules), tool
     definitions, the first user message (the conversation), then tool calls and their results
     (files read, tests run) until the size is reached, and a last user turn."""
     rules = [
