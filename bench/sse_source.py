@@ -5,8 +5,13 @@
 Every POST is answered with a stream of `--tokens` chunks, one every 1/`--rate` seconds on an
 absolute schedule (no drift), the first naming the completion id, the last carrying usage,
 then `data: [DONE]`. The chunks are built once at start; each tick is one write of ready bytes,
-so the source costs little next to a proxy that parses HTTP. GET /health answers ok. Plain
-asyncio with no HTTP library: it only has to be cheaper than what it feeds.
+so the source costs little next to a proxy that parses HTTP. Plain asyncio with no HTTP
+library: it only has to be cheaper than what it feeds.
+
+It answers as much of llama-server's API as the peer routers of bench/peers.py ask before they
+accept a worker or route a request: GET /v1/models (and /models) lists the model, POST
+/tokenize answers a few tokens, POST /v1/chat/completions/render is 404 (llama-server has no
+such path; vllm-router then tokenizes), any other POST streams and any other GET answers ok.
 """
 
 from __future__ import annotations
@@ -16,6 +21,12 @@ import asyncio
 import json
 
 MODEL = "bench-model"
+OK = b'{"status": "ok"}'
+MODELS = json.dumps(
+    {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "llamacpp"}]}
+).encode()
+TOKENS = b'{"tokens": [1, 2, 3, 4, 5, 6, 7, 8]}'
+NOT_FOUND = b'{"error": {"code": 404, "message": "File Not Found", "type": "not_found_error"}}'
 
 
 def _chunk(data: bytes) -> bytes:
@@ -64,12 +75,21 @@ class Source(asyncio.Protocol):
             if len(rest) < length:
                 return
             self._buffer = rest[length:]
-            if head.startswith(b"GET"):
-                body = b'{"status": "ok"}'
-                head = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                self.transport.write(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            method, _, rest_of_line = head.partition(b" ")
+            path = rest_of_line.partition(b" ")[0]
+            if method == b"GET":
+                self._answer(200, MODELS if path in (b"/v1/models", b"/models") else OK)
+            elif path == b"/tokenize":
+                self._answer(200, TOKENS)
+            elif path.endswith(b"/render"):
+                self._answer(404, NOT_FOUND)
             else:
                 self._start()
+
+    def _answer(self, status: int, body: bytes) -> None:
+        reason = b"OK" if status == 200 else b"Not Found"
+        head = b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n" % (status, reason)
+        self.transport.write(head + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
 
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
