@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -31,8 +32,30 @@ from crossbar.records import LeaseEvent, UsageRow
 
 __all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]
 
+# Rows' label sets kept worked out (a config's routes x hosts x models x statuses is far less).
+_MAX_SERIES = 10_000
 # Seconds: a queue wait or a first byte ranges from a free slot (ms) to a long prefill (minutes).
 _BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+
+
+class _Series:
+    """The labelled children one kind of row counts in, each made (and remembered for a
+    reload's pruning) the first time it is needed."""
+
+    __slots__ = ("_children", "_metrics", "_seen", "route")
+
+    def __init__(self, route: str, seen: Seen, metrics: dict[str, tuple[Any, tuple[str, ...]]]):
+        self.route = route
+        self._seen = seen
+        self._metrics = metrics
+        self._children: dict[str, Any] = {}
+
+    def child(self, name: str) -> Any:
+        child = self._children.get(name)
+        if child is None:
+            metric, values = self._metrics[name]
+            child = self._children[name] = self._seen.labels(metric, *values)
+        return child
 
 
 class Metrics:
@@ -108,12 +131,14 @@ class Metrics:
         self._prompt: dict[str, int] = defaultdict(int)
         self._cached: dict[str, int] = defaultdict(int)
         self._seen = Seen()
+        self._series: dict[tuple[str, str, str, int], _Series] = {}
         r.register(_Live(self))
 
     def reconfigure(self, config: Config) -> None:
         """Label by the reloaded config's routes, hosts and models; drop the series of the
         routes and hosts it no longer has."""
         self.config = config
+        self._series.clear()
 
         def stale(values: tuple[str, ...]) -> bool:
             route, host = values[0], values[1]
@@ -134,25 +159,45 @@ class Metrics:
         """One finished request (a UsageRecorder observer)."""
         if row.lease == "prewarm":
             return  # crossbar's own hand-off work, counted apart (handoff/prewarm.py)
+        key = (row.route, row.host, row.model, row.status)
+        series = self._series.get(key)
+        if series is None:
+            series = self._series_of(row)
+        series.child("requests").inc()
+        if row.status >= 400 or row.error:
+            series.child("errors").inc()
+        if row.queue_ms is not None and row.host:
+            series.child("queue").observe(row.queue_ms / 1000)
+        if row.ttfb_ms is not None:
+            series.child("ttfb").observe(row.ttfb_ms / 1000)
+        if row.prompt_tokens:
+            series.child("prompt").inc(row.prompt_tokens)
+            self._prompt[series.route] += row.prompt_tokens
+            self._cached[series.route] += row.cached_tokens
+        if row.cached_tokens:
+            series.child("cached").inc(row.cached_tokens)
+        if row.completion_tokens:
+            series.child("completion").inc(row.completion_tokens)
+
+    def _series_of(self, row: UsageRow) -> _Series:
+        """The series a row counts in: its labels worked out once per (route, host, model,
+        status) and kept while they stand (until a reload). A model no host serves is
+        labelled "(unknown)" and worked out each time: it may be served later."""
         route, host, model = self._labels(row)
         seen = self._seen
-        seen.labels(self.requests, route, host, model, str(row.status)).inc()
-        if row.status >= 400 or row.error:
-            seen.labels(self.request_errors, route, host, model).inc()
-        if row.queue_ms is not None and host:
-            seen.labels(self.queue_wait, route, host, model).observe(row.queue_ms / 1000)
-        if row.ttfb_ms is not None:
-            seen.labels(self.ttfb, route, host, model).observe(row.ttfb_ms / 1000)
-        for kind, n in (
-            ("prompt", row.prompt_tokens),
-            ("cached", row.cached_tokens),
-            ("completion", row.completion_tokens),
-        ):
-            if n:
-                seen.labels(self.tokens, route, host, model, kind).inc(n)
-        if row.prompt_tokens:
-            self._prompt[route] += row.prompt_tokens
-            self._cached[route] += row.cached_tokens
+        metrics = {
+            "requests": (self.requests, (route, host, model, str(row.status))),
+            "errors": (self.request_errors, (route, host, model)),
+            "queue": (self.queue_wait, (route, host, model)),
+            "ttfb": (self.ttfb, (route, host, model)),
+            "prompt": (self.tokens, (route, host, model, "prompt")),
+            "cached": (self.tokens, (route, host, model, "cached")),
+            "completion": (self.tokens, (route, host, model, "completion")),
+        }
+        series = _Series(route, seen, metrics)
+        if model == row.model and len(self._series) < _MAX_SERIES:
+            self._series[(row.route, row.host, row.model, row.status)] = series
+        return series
 
     def lease_event(self, event: LeaseEvent) -> None:
         """One saved lease change (a Table listener)."""
