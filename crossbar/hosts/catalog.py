@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from attrs import define, field
+from attrs import define, field, frozen
 
-from crossbar.config import HostConfig, ModelConfig
+from crossbar.config import HostConfig, ModelConfig, Route
 from crossbar.hosts.health import Props
 
 LOADED = "loaded"
@@ -29,16 +29,21 @@ class Catalog:
     listed: dict[str, str] = field(factory=dict)  # discovered: model -> state, in /models order
     props_done: bool = False  # configured models: /props read for each that needs it
     _discovered: tuple[ModelConfig, ...] = ()
+    _indexed: tuple[ModelConfig, ...] | None = field(default=None, init=False, eq=False)
+    _index: dict[str, ModelConfig] = field(factory=dict, init=False, eq=False)
 
     def models(self) -> tuple[ModelConfig, ...]:
         """The models the host serves now."""
         return self._discovered if self.config.discover else self.config.models
 
     def model(self, name: str) -> ModelConfig | None:
-        for m in self.models():
-            if m.name == name:
-                return m
-        return None
+        models = self.models()
+        if models is not self._indexed:  # by name, once per listing: asked on every request
+            self._index = {}
+            for m in models:
+                self._index.setdefault(m.name, m)
+            self._indexed = models
+        return self._index.get(name)
 
     def parallel(self, name: str) -> int:
         """Slots: configured, else `/props` `total_slots`, else 1 (also for a model the host
@@ -131,3 +136,29 @@ class Catalog:
             "ctx_source": source(m.ctx, props and props.n_ctx),
             "state": self.state(m.name),
         }
+
+
+@frozen
+class Serving:
+    """What a route's hosts serve now: its models in host then model order (`models`), and
+    the hosts serving each, in route order (`hosts_of`). `listings` are the hosts' model
+    tuples it was worked out from: it stands while each is the same object."""
+
+    route: Route
+    listings: tuple[tuple[ModelConfig, ...], ...]
+    models: list[str]
+    hosts_of: dict[str, tuple[str, ...]]
+
+    @classmethod
+    def of(cls, route: Route, listings: tuple[tuple[ModelConfig, ...], ...]) -> Serving:
+        hosts: dict[str, list[str]] = {}
+        for host, models in zip(route.hosts, listings, strict=True):
+            for m in models:
+                serving = hosts.setdefault(m.name, [])
+                if not serving or serving[-1] != host:
+                    serving.append(host)
+        return cls(route, listings, list(hosts), {m: tuple(h) for m, h in hosts.items()})
+
+    def candidates(self, model: str) -> tuple[str, ...]:
+        """The hosts serving `model`, in route order."""
+        return self.hosts_of.get(model, ())

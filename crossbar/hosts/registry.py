@@ -24,7 +24,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
 
-from crossbar.config import Config, ModelConfig
+from crossbar.config import Config, ModelConfig, Route
+from crossbar.hosts.catalog import Serving
 from crossbar.hosts.discovery import discover
 from crossbar.hosts.entry import HostEntry
 from crossbar.hosts.health import Getter, Prober, build_client, treq_getter
@@ -32,6 +33,11 @@ from crossbar.hosts.lean_get import LeanGetter
 from crossbar.hosts.status import host_status
 
 Listener = Callable[[str, str], None]
+_SERVING_MAX = 4096  # routes whose Serving is kept (templates resolve to many names)
+
+
+def _same(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
 
 
 class DrainStore(Protocol):
@@ -87,6 +93,7 @@ class Hosts:
         self._probing: dict[str, Deferred[None]] = {}
         self._fresh: set[str] = set()  # added or moved by a reload, not probed since
         self.probe_errors = 0  # bugs caught in a probe round (a probe that fails is not one)
+        self._serving: dict[str, Serving] = {}
 
     # -- reading
 
@@ -106,6 +113,19 @@ class Hosts:
         `GET /models` last listed; none for a host the config does not have."""
         host = self._hosts.get(name)
         return host.catalog.models() if host is not None else ()
+
+    def serving(self, route: Route) -> Serving:
+        """The models `route`'s hosts serve now, and the hosts serving each, in route order:
+        worked out again only when some host's models changed (asked on every request)."""
+        listings = tuple(self.models(h) for h in route.hosts)
+        known = self._serving.get(route.name)
+        if known is not None and known.route is route and _same(known.listings, listings):
+            return known
+        serving = Serving.of(route, listings)
+        if len(self._serving) >= _SERVING_MAX:
+            self._serving.clear()
+        self._serving[route.name] = serving
+        return serving
 
     def model(self, name: str, model: str) -> ModelConfig | None:
         """The host's `model`, if it serves it now."""

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from crossbar.config.values import ConfigError, parse_config
-from tests.support.fake_hosts import TITAN, World, config
+from tests.support.fake_hosts import ATLAS, TITAN, World, config
 
 ROUTER = {"titan": {"url": TITAN, "models": "discover"}}
 PROPS = "?model={}&autoload=false"
@@ -127,3 +127,24 @@ def test_check_describes_a_discovering_host_and_what_its_routes_may_serve():
     )
     assert "    models discovered from GET /models: parallel from /props, ctx 8192 each" in text
     assert "convo: hosts titan; models (and what the discovering hosts list)" in text
+
+
+def test_what_a_route_serves_follows_each_new_listing_of_its_hosts():
+    hosts = {
+        "titan": {"url": TITAN, "models": "discover"},
+        "atlas": {"url": ATLAS, "models": ["qwen"], "parallel": 4, "ctx": 8192},
+    }
+    w = World(hosts=hosts)
+    route = parse_config({"hosts": hosts, "routes": {"convo": {"hosts": ["titan", "atlas"]}}})
+    convo = route.route("convo")
+    w.http.set(TITAN + "/models", listing(gemma="loaded"))
+    w.http.props(TITAN, 1, 8192, query=PROPS.format("gemma"))
+    w.rounds(1)
+    serving = w.hosts.serving(convo)
+    assert serving.models == ["gemma", "qwen"]  # host then model order
+    assert serving.candidates("qwen") == ("atlas",) and serving.candidates("nope") == ()
+    assert w.hosts.serving(convo) is serving  # nothing listed anew: worked out once
+    w.http.set(TITAN + "/models", listing(qwen="loaded", gemma="loaded"))
+    w.http.props(TITAN, 1, 8192, query=PROPS.format("qwen"))
+    w.rounds(1)
+    assert w.hosts.serving(convo).candidates("qwen") == ("titan", "atlas")  # route order
