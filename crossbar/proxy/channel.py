@@ -34,12 +34,11 @@ from twisted.internet import interfaces
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from zope.interface import implementer
 
 from crossbar.config import format_duration
 from crossbar.proxy.chunks import StrictChunks
-from crossbar.wire import ClientError, no_delay, phrase, pull_to_push, request_headers
+from crossbar.wire import ClientError, no_delay, phrase, pull_to_push, write_now
 
 MAX_LINE = 16384  # a request line or one header line
 MAX_HEADER_BYTES = 16384  # all header lines after the request line
@@ -98,12 +97,18 @@ class ProxyChannel(Protocol):
         self._waiting_for_transport = False
         self._paused = False  # reading is paused (pipelined bytes, or the transport is full)
         self._rest = b""  # what followed a chunked body that just ended
+        self._peer: Any = None
+        self._secure = False
 
     # -- the connection
 
     def connectionMade(self) -> None:
-        no_delay(self.transport)
-        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        transport = self.transport
+        no_delay(transport)
+        transport.registerProducer(self, True)  # type: ignore[union-attr]
+        # Asked of every request: the peer's address and TLS, fixed for the connection.
+        self._peer = transport.getPeer()  # type: ignore[union-attr]
+        self._secure = interfaces.ISSLTransport(transport, None) is not None
         self._mark_idle()
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -236,7 +241,7 @@ class ProxyChannel(Protocol):
     def _start(self, headers: list[tuple[bytes, bytes]], length: int, chunked: bool) -> None:
         """A head is in: make its request and begin its body."""
         request = self.requestFactory(self)
-        request.requestHeaders = request_headers(headers)
+        request.headers_received(headers)
         self.requests.append(request)
         if not self._persistent and self._version == b"HTTP/1.1":
             request.responseHeaders.setRawHeaders(b"Connection", [b"close"])
@@ -340,31 +345,33 @@ class ProxyChannel(Protocol):
             self._replaying = False
 
     def writeHeaders(
-        self, version: bytes, code: bytes, reason: bytes, headers: Headers | Sequence[Any]
+        self, version: bytes, code: bytes, reason: bytes, headers: Any, then: Sequence[bytes] = ()
     ) -> None:
-        """Write the status line and `headers` (twisted.web's Request calls this)."""
-        pairs = headers.getAllRawHeaders() if isinstance(headers, Headers) else _grouped(headers)
+        """Write the status line and `headers` (twisted.web's Request calls this), and the
+        first of the body (`then`) in the same write."""
+        every = getattr(headers, "getAllRawHeaders", None)
+        pairs = every() if every is not None else _grouped(headers)
         lines = [version, b" ", code, b" ", reason, _CRLF]
         for name, values in pairs:
             for value in values:
                 lines += (name, b": ", value, _CRLF)
         lines.append(_CRLF)
-        self.transport.writeSequence(lines)  # type: ignore[union-attr]
+        write_now(self.transport, [b"".join(lines), *then])
 
     def write(self, data: bytes) -> None:
-        self.transport.write(data)  # type: ignore[union-attr]
+        write_now(self.transport, (data,))
 
     def writeSequence(self, data: Sequence[bytes]) -> None:
-        self.transport.writeSequence(data)  # type: ignore[union-attr]
+        write_now(self.transport, data)
 
     def getPeer(self) -> Any:
-        return self.transport.getPeer()  # type: ignore[union-attr]
+        return self._peer
 
     def getHost(self) -> Any:
         return self.transport.getHost()  # type: ignore[union-attr]
 
     def isSecure(self) -> bool:
-        return interfaces.ISSLTransport(self.transport, None) is not None
+        return self._secure
 
     def loseConnection(self) -> None:
         self.transport.unregisterProducer()  # type: ignore[union-attr]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol
-from urllib.parse import urlsplit
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -89,6 +88,14 @@ OPEN = _Open()
 
 def _noop() -> None:
     pass
+
+
+def _query(uri: bytes) -> str:
+    """The query of a request target (after `?`, before any `#`)."""
+    cut = uri.find(b"?")
+    if cut < 0:
+        return ""
+    return uri[cut + 1 :].split(b"#", 1)[0].decode("utf-8", "replace")
 
 
 class ProxyResource(Resource):
@@ -236,7 +243,7 @@ class ProxyResource(Resource):
         if kind is None:
             raise not_found(f"crossbar does not serve {target.method} {target.path}")
         if kind is Kind.MODELS:
-            served = self._config.models_of(route, self._hosts.models)
+            served = self._hosts.serving(route).models
             models = models_list(served, route.aliases)
             ex.status = answer_json(request, models)
             return
@@ -263,7 +270,7 @@ class ProxyResource(Resource):
     def _read_call(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         config = self._config
         route, dialect, method, path = target.route, target.dialect, target.method, target.path
-        raw = request.content.read()
+        raw = request.body
         body = request_body(kind, dialect, method, path, raw)
         if kind is Kind.INFERENCE and route.limits_output:
             limited = limit_output(
@@ -271,13 +278,13 @@ class ProxyResource(Resource):
             )
             if limited is not None:
                 body, raw = limited, json.dumps(limited).encode()
-        query = urlsplit(request.uri.decode("utf-8", "replace")).query
-        peer = getattr(request.getClientAddress(), "host", "")
+        query = _query(request.uri)
+        peer = getattr(request.getClientAddress(), "host", "") or ""
         headers, secure = request.requestHeaders, request.isSecure()
         inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
-        served = self._hosts.models
-        ex.model = model = choose_model(route, config.models_of(route, served), body, query)
-        candidates = tuple(config.hosts_for(route, model, served))
+        serving = self._hosts.serving(route)
+        ex.model = model = choose_model(route, serving.models, body, query)
+        candidates = serving.candidates(model)
         chars, inference = config.server.fingerprint_chars, kind is Kind.INFERENCE
         ex.fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
         if inference:

@@ -1,13 +1,11 @@
-"""Sites that bound request bodies while they arrive: the proxy's and the admin API's.
+"""The proxy's site and the admin API's, over crossbar's own HTTP/1.1 channel (channel.py).
 
 Each body is bounded by its site's `max_body`, and the bodies of both sites together by
-`max_body_memory` (one `BodyMemory`): a body takes its bytes when it declares them (its
-Content-Length once the headers are in, each chunk's size before its data) and gives them back
-when its request is released (answered, refused, its client gone). A body that does not fit
-gets 503 with Retry-After before it is read, rather than a paused read: a paused body holds
-what it took and the client's own timers run, and bodies that each wait for another's bytes
-could all wait until their deadlines; a 503 frees everything at once, and OpenAI's and
-Anthropic's SDKs retry it by themselves.
+`max_body_memory` (one `BodyMemory`, request.py): a body that does not fit gets 503 with
+Retry-After before it is read, rather than a paused read: a paused body holds what it took
+and the client's own timers run, and bodies that each wait for another's bytes could all wait
+until their deadlines; a 503 frees everything at once, and OpenAI's and Anthropic's SDKs retry
+it by themselves.
 """
 
 from __future__ import annotations
@@ -17,13 +15,13 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from attrs import define, frozen
-from twisted.web.http_headers import Headers
+from attrs import frozen
 from twisted.web.server import Request, Site
 
-from crossbar.config import Config, format_size
+from crossbar.config import Config
 from crossbar.proxy import cors
 from crossbar.proxy.channel import ProxyChannel
+from crossbar.proxy.request import BodyMemory, HeldBody, ProxyRequest
 from crossbar.proxy.routing import split_route
 from crossbar.wire import (
     ClientError,
@@ -31,47 +29,10 @@ from crossbar.wire import (
     bad_request,
     classify,
     header_reader,
-    unavailable,
+    request_headers,
     write_error,
 )
-
-# A body refused for memory asks to come back after this: bodies are given back as their
-# requests end, and an answer takes seconds.
-_MEMORY_RETRY_AFTER = 5.0
-
-
-def _too_large(limit: int) -> ClientError:
-    return ClientError(
-        413,
-        "invalid_request_error",
-        f"request body is larger than this server's limit of {format_size(limit)}",
-    )
-
-
-def _no_memory(limit: int) -> ClientError:
-    return unavailable(
-        f"this server holds as many request bodies as it may at once ({format_size(limit)}, "
-        "server.max_body_memory); try again shortly",
-        retry_after=_MEMORY_RETRY_AFTER,
-    )
-
-
-@define
-class BodyMemory:
-    """Bytes of request bodies held at once, over every connection of the sites sharing it."""
-
-    limit: int
-    held: int = 0
-
-    def take(self, n: int) -> bool:
-        """Hold `n` more bytes if they fit under the limit; False (nothing taken) if not."""
-        if n and self.held + n > self.limit:
-            return False
-        self.held += n
-        return True
-
-    def give(self, n: int) -> None:
-        self.held -= n
+from crossbar.wire.headers import RawHeaders
 
 
 @frozen
@@ -90,25 +51,21 @@ class Refusal:
 class _Answer:
     """Just the response headers of an answer written by hand."""
 
-    responseHeaders: Headers  # the name Request gives them
+    responseHeaders: RawHeaders  # the name Request gives them
 
 
 class BoundedRequest(Request):
-    """A Request whose body is bounded by the site's `max_body` and `memory`, refused (413,
-    503) before the bytes over the bound are read.
-
-    twisted.web has no body limit of its own and spools large bodies to temporary files; here
-    a Content-Length is judged as soon as the headers are in, a chunked body at each chunk's
-    declared size, and the body is kept in memory (the limits bound it).
-    """
+    """twisted.web's Request (the admin API's, for Klein) with its body bounded as the proxy's
+    is (request.py `HeldBody`): refused (413, 503) before the bytes over the bound are read,
+    kept in memory (the bounds bound it) where twisted.web would spool it to a file."""
 
     _refused = False
-    _declared = 0  # body bytes declared so far: the Content-Length, or the chunk sizes
-    _held = 0  # taken from `_memory`, given back when the request is released
-    _memory: BodyMemory | None = None
+
+    def headers_received(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        self.requestHeaders = request_headers(pairs)
 
     def gotLength(self, length: int | None) -> None:
-        self.content = io.BytesIO()
+        self._held = HeldBody()
         if length is not None:
             self._declare(length)
 
@@ -118,45 +75,39 @@ class BoundedRequest(Request):
 
     def _declare(self, length: int) -> bool:
         site = self.channel.site
-        if self._declared + length > site.max_body:
-            self._refuse(_too_large(site.max_body), "request body too large")
+        refused = self._held.declare(length, site.max_body, site.memory)
+        if refused is not None:
+            self._refuse(*refused)
             return False
-        if not site.memory.take(length):
-            self._refuse(_no_memory(site.memory.limit), "request bodies over max_body_memory")
-            return False
-        self._memory = site.memory
-        self._declared += length
-        self._held += length
         return True
 
     def handleContentChunk(self, data: bytes) -> None:
         if not self._refused:
-            self.content.write(data)
+            self._held.parts.append(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
             return
+        self.content = io.BytesIO(self._held.content())
+        self.content.seek(0, 2)  # twisted.web reads the length from where the body ends
         super().requestReceived(command, path, version)
 
     def finish(self) -> None:
-        self._release()
+        self._held.release()
         super().finish()
 
     def connectionLost(self, reason: Any) -> None:
-        self._release()
+        held = getattr(self, "_held", None)
+        if held is not None:
+            held.release()
         super().connectionLost(reason)
-
-    def _release(self) -> None:
-        if self._memory is not None and self._held:
-            self._memory.give(self._held)
-            self._held = 0
 
     def _refuse(self, error: ClientError, why: str) -> None:
         """Answer `error` at once on the raw connection and close it: the rest of the body is
         never read, and what it held is given back."""
         self._refused = True
-        self._release()
-        self.content = io.BytesIO()
+        self._held.release()
+        self._held.parts = []
         self.channel.refuse(error, why, self)
 
 
@@ -166,7 +117,7 @@ class BoundedSite(Site):
     read per request, so a reload applies at once). Sites given one `memory` share it."""
 
     protocol = ProxyChannel
-    requestFactory = BoundedRequest
+    requestFactory: Any = BoundedRequest
 
     def __init__(
         self,
@@ -201,8 +152,11 @@ class BoundedSite(Site):
 
 
 class ProxySite(BoundedSite):
-    """The client-facing site: its own log line per request (the usage observers), not
-    twisted.web's access line; errors before routing in the client's own dialect."""
+    """The client-facing site: lean requests for its one leaf resource (request.py), its own
+    log line per request (the usage observers), not twisted.web's access line; errors before
+    routing in the client's own dialect."""
+
+    requestFactory = ProxyRequest
 
     def __init__(
         self, resource: Any, config: Config, memory: BodyMemory | None = None, **kwargs: Any
@@ -236,9 +190,9 @@ class ProxySite(BoundedSite):
         shape = classify("POST", path)[0].errors
         if route is None or header is None:
             return Refusal("" if route is None else name, path, shape)
-        answer = Headers()
+        answer = RawHeaders()
         cors.mark(_Answer(answer), route, header)
-        headers = tuple((k, v) for k, values in answer.getAllRawHeaders() for v in values)
+        headers = tuple(answer.pairs())
         return Refusal(name, path, shape, headers)
 
     def refused(self, refusal: Refusal, status: int, why: str) -> None:

@@ -30,7 +30,7 @@ from crossbar.wire.inbound import (
 )
 from crossbar.wire.meter import Tokens
 from crossbar.wire.relay import Relay
-from crossbar.wire.twisted_private import pull_to_push, quiet_pool
+from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now
 from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
 
 __all__ = [
@@ -69,4 +69,5 @@ __all__ = [
     "unauthorized",
     "unavailable",
     "write_error",
+    "write_now",
 ]

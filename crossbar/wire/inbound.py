@@ -25,14 +25,17 @@ class Inbound:
     query: str
     raw: bytes
     body: Any
-    headers: Headers
+    headers: Any  # twisted.web's Headers or RawHeaders: getRawHeaders, getAllRawHeaders
     peer: str  # the TCP peer's address
     secure: bool
 
 
-def header_reader(headers: Headers) -> HeaderReader:
+def header_reader(headers: Any) -> HeaderReader:
     """`name -> str | None` over request headers (the last value, as `Request.getHeader`
     gives it, as latin-1 text)."""
+    last = getattr(headers, "last", None)
+    if last is not None:  # RawHeaders: a dict lookup
+        return last  # type: ignore[no-any-return]
 
     def header(name: str) -> str | None:
         values = headers.getRawHeaders(name.encode("ascii"))

@@ -22,12 +22,15 @@ import httptools
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import URI, ResponseDone, ResponseFailed
 from twisted.web.http import PotentialDataLoss
-from twisted.web.http_headers import Headers
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgentEndpointFactory
 from zope.interface import implementer
+
+from crossbar.wire.headers import RawHeaders
+from crossbar.wire.twisted_private import write_now
 
 MAX_RESPONSE_HEADERS = 100
 MAX_RESPONSE_HEAD_BYTES = 64 * 1024
@@ -45,7 +48,10 @@ _CONNECTION_HEADERS = frozenset(
         b"proxy-connection",
     }
 )
-_MAX_ORIGINS = 4096  # parsed host URLs kept (one per configured host in practice)
+_MAX_ORIGINS = 4096
+log = Logger(
+    namespace="crossbar.upstream"
+)  # parsed host URLs kept (one per configured host in practice)
 
 
 class HostClosed(Exception):
@@ -56,6 +62,10 @@ class HostClosed(Exception):
         super().__init__("the host closed the connection" + (" mid-answer" if answered else ""))
         self.answered = answered
         self.reason = reason
+
+
+class ReaderFault(Exception):
+    """The body's reader (crossbar's relay) raised; logged where it happened."""
 
 
 class NotHTTP(Exception):
@@ -93,8 +103,8 @@ class HostResponse:
         version: bytes,
         code: int,
         phrase: bytes,
-        headers: Headers,
-        connection_headers: Headers,
+        headers: RawHeaders,
+        connection_headers: RawHeaders,
         length: int | object,
     ) -> None:
         self.version = (b"HTTP", 1, 1 if version == b"1.1" else 0)
@@ -192,18 +202,19 @@ class _Reading:
         if 100 <= code < 200:
             self.informational = True  # 100 Continue and the like: the answer comes after
             return
-        headers, kept = Headers(), Headers()
+        plain, connection = [], []
         length: int | object = UNKNOWN_LENGTH
         for name, value in self.headers:
             low = name.lower()
             if low in _CONNECTION_HEADERS:
-                kept.addRawHeader(name, value)
+                connection.append((name, value))
                 if low == b"content-length":
                     length = int(value)  # llhttp took it: digits, one value
                 elif low == b"transfer-encoding":
                     self.chunked = True
             else:
-                headers.addRawHeader(name, value)
+                plain.append((name, value))
+        headers, kept = RawHeaders(plain), RawHeaders(connection)
         if self.chunked:
             length = UNKNOWN_LENGTH
         if code in (204, 304) or self.head_only:
@@ -215,7 +226,14 @@ class _Reading:
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None and not self.done:
-            self.response.data(body)
+            try:
+                self.response.data(body)
+            except Exception:
+                # A fault in whoever reads the body, not in the host's bytes: it is logged as
+                # crossbar's, and the answer ends with it.
+                log.failure("reading a host's answer failed inside crossbar")
+                self.failure = ReaderFault()
+                raise
 
     def on_message_complete(self) -> None:
         if self.informational:
@@ -253,12 +271,7 @@ class HostConnection(Protocol):
         self._answer = Deferred(self._cancel)
         self._reading = _Reading(self, head_only)
         self._received = False
-        transport = self.transport
-        assert transport is not None
-        if body:
-            transport.writeSequence((data, body))
-        else:
-            transport.write(data)
+        write_now(self.transport, (data, body) if body else (data,))
         return self._answer
 
     def _cancel(self, answer: Deferred[HostResponse]) -> None:
@@ -480,13 +493,16 @@ class HostPool:
 
 
 def request_head(
-    method: bytes, target: bytes, host: bytes, headers: Headers, body: bytes | None
+    method: bytes,
+    target: bytes,
+    host: bytes,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes | None,
 ) -> bytes:
     """The bytes of a request's head."""
     lines = [method, b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
-    for name, values in headers.getAllRawHeaders():
-        for value in values:
-            lines += (name, b": ", value, b"\r\n")
+    for name, value in headers:
+        lines += (name, b": ", value, b"\r\n")
     if body is not None:
         lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")

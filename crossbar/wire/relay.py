@@ -172,13 +172,14 @@ class Relay:
         request.setResponseCode(response.code, response.phrase)
         drop = hop_by_hop(response.headers, response.connection_headers)
         mine = request.responseHeaders  # crossbar's own (CORS) are set already
+        keep = getattr(mine, "keep", mine.setRawHeaders)  # values llhttp read need no cleaning
         for name, values in response.headers.getAllRawHeaders():
             low = name.lower()
             if low in drop or low.startswith(b"access-control-"):
                 continue  # CORS is crossbar's alone (proxy/cors.py): the host's `*` never leaks
             if low == b"vary" and mine.hasHeader(b"vary"):
                 values = [*mine.getRawHeaders(b"vary"), *values]
-            mine.setRawHeaders(name, values)
+            keep(name, values)
         for name, value in extra:
             request.responseHeaders.setRawHeaders(name, [value])
         ctype = (response.headers.getRawHeaders(b"content-type") or [b""])[0]

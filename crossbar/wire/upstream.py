@@ -20,7 +20,6 @@ from twisted.internet import error as ierror
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.protocol import Protocol
 from twisted.python.failure import Failure
-from twisted.web.http_headers import Headers
 from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar.config import Config, HostConfig, ModelConfig
@@ -55,32 +54,49 @@ HOP_BY_HOP = frozenset(
 )
 # Never forwarded upstream: recomputed (Host, Content-Length), the client's own credentials
 # (the host's api_key replaces them; x-api-key is how Anthropic's SDKs send theirs),
-# Accept-Encoding so the body stays readable for usage, and Proxy (httpoxy: a CGI-style host
-# would take it for its HTTP_PROXY).
+# Accept-Encoding so the body stays readable for usage, Proxy (httpoxy: a CGI-style host
+# would take it for its HTTP_PROXY), Expect (crossbar has the whole body when it sends) and
+# the X-Forwarded-* crossbar writes itself.
 _DROP_REQUEST = frozenset(
-    {b"host", b"content-length", b"authorization", b"x-api-key", b"accept-encoding", b"proxy"}
+    {
+        b"host",
+        b"content-length",
+        b"authorization",
+        b"x-api-key",
+        b"accept-encoding",
+        b"proxy",
+        b"expect",
+        b"x-forwarded-for",
+        b"x-forwarded-proto",
+    }
 )
 
 
-def hop_by_hop(headers: Headers, connection: Headers | None = None) -> set[bytes]:
+def hop_by_hop(headers: Any, connection: Any = None) -> frozenset[bytes]:
     """The header names not to forward: the fixed set, `Proxy-*`, and those Connection names
-    (read from `connection` where the client library files them apart)."""
+    (read from `connection` where the client library files them apart). `headers`: anything
+    with twisted.web's `getRawHeaders` and `getAllRawHeaders` (Headers, RawHeaders)."""
+    tokens = (connection or headers).getRawHeaders(b"connection")
+    proxy = [n.lower() for n, _ in headers.getAllRawHeaders() if n[:6].lower() == b"proxy-"]
+    if not tokens and not proxy:
+        return HOP_BY_HOP
     names = set(HOP_BY_HOP)
-    for value in (connection or headers).getRawHeaders(b"connection", []):
+    for value in tokens or ():
         names.update(t.strip().lower() for t in value.split(b",") if t.strip())
-    for name, _ in headers.getAllRawHeaders():
-        if name.lower().startswith(b"proxy-"):
-            names.add(name.lower())
-    return names
+    names.update(proxy)
+    return frozenset(names)
+
+
+Pairs = list[tuple[bytes, bytes]]
 
 
 @frozen
 class Outgoing:
-    """One request as the host gets it."""
+    """One request as the host gets it: its header fields as (name, value) pairs."""
 
     method: bytes
     url: bytes
-    headers: Headers
+    headers: Pairs
     body: bytes | None
 
 
@@ -105,24 +121,38 @@ def renamed_query(query: str, model: ModelConfig | None) -> str:
     return urlencode([(k, model.upstream_name if k == "model" else v) for k, v in pairs])
 
 
-def forwarded_headers(inbound: Inbound, api_key: str) -> Headers:
+def forwarded_headers(inbound: Inbound, api_key: str) -> Pairs:
     """The client's headers minus hop-by-hop ones and its credentials, plus X-Forwarded-*
     and the host's api key."""
     incoming = inbound.headers
-    drop = hop_by_hop(incoming) | _DROP_REQUEST
-    out = Headers()
-    for name, values in incoming.getAllRawHeaders():
-        if name.lower() not in drop:
-            out.setRawHeaders(name, values)
+    fields = list(incoming.getAllRawHeaders())
+    tokens = incoming.getRawHeaders(b"connection")
+    host = incoming.getRawHeaders(b"host")
+    hops: frozenset[bytes] | set[bytes] = HOP_BY_HOP
+    if tokens:
+        hops = set(HOP_BY_HOP)
+        for value in tokens:
+            hops.update(t.strip().lower() for t in value.split(b",") if t.strip())
+    out = []
+    for name, values in fields:
+        low = name.lower()
+        if (
+            low in _DROP_REQUEST
+            or low in hops
+            or low[:6] == b"proxy-"
+            or (host and low == b"x-forwarded-host")
+        ):
+            continue
+        for value in values:
+            out.append((name, value))
     prior = b", ".join(incoming.getRawHeaders(b"x-forwarded-for", []))
     peer = inbound.peer.encode()
-    out.setRawHeaders(b"x-forwarded-for", [(prior + b", " if prior else b"") + peer])
-    out.setRawHeaders(b"x-forwarded-proto", [b"https" if inbound.secure else b"http"])
-    host = incoming.getRawHeaders(b"host")
+    out.append((b"X-Forwarded-For", (prior + b", " if prior else b"") + peer))
+    out.append((b"X-Forwarded-Proto", b"https" if inbound.secure else b"http"))
     if host:
-        out.setRawHeaders(b"x-forwarded-host", [host[0]])
+        out.append((b"X-Forwarded-Host", host[0]))
     if api_key:
-        out.setRawHeaders(b"authorization", [b"Bearer " + api_key.encode()])
+        out.append((b"Authorization", b"Bearer " + api_key.encode()))
     return out
 
 
@@ -246,62 +276,19 @@ class Upstream:
         # host. Once more, fresh.
         return await self._attempt(out, fresh=True)
 
-    async def _attempt(self, out: Outgoing, fresh: bool) -> HostResponse:
+    def _attempt(self, out: Outgoing, fresh: bool) -> Deferred[HostResponse]:
         pool = self._pool
         origin, target = pool.origin(out.url)
         head = request_head(out.method, target, origin.host, out.headers, out.body)
         connection = None if fresh else pool.take(origin)
-        reused = connection is not None
-        started = self._reactor.seconds()
-        d = Deferred.fromCoroutine(
-            _exchange(pool, origin, connection, head, out.body, out.method == b"HEAD")
-        )
-        why: list[str] = []  # who stopped the request: "client" (our caller) or "idle"
-
-        def stop(reason: str) -> None:
-            if not why:
-                why.append(reason)
-                d.cancel()
-
-        timer = self._reactor.callLater(self.idle_timeout, stop, "idle")
-        result: Deferred[HostResponse] = Deferred(lambda _: stop("client"))
-
-        def settle(outcome: Any) -> None:
-            if timer.active():
-                timer.cancel()
-            if result.called:  # cancelled meanwhile: nobody takes this answer
-                if not isinstance(outcome, Failure):
-                    outcome.deliverBody(_Discard())
-            elif why == ["client"]:
-                result.errback(CancelledError())
-            elif why == ["idle"]:
-                # Never retried: a silent host is not a keep-alive race, and resending doubles
-                # its work.
-                result.errback(UpstreamFailure("idle timeout", connecting=False))
-            elif isinstance(outcome, Failure):
-                result.errback(outcome)
-            else:
-                result.callback(outcome)
-
-        d.addBoth(settle)
-        try:
-            return await result
-        except (CancelledError, UpstreamFailure):
-            raise
-        except Exception:
-            late = self._reactor.seconds() - started > self._connect_timeout + _LATE
-            mapped = classify(Failure(), reused, late)
-            if mapped is None:
-                raise
-            raise mapped from None
+        return _Attempt(self, origin, connection, head, out.body, out.method == b"HEAD").done
 
     async def post_json(self, host: HostConfig, path: str, payload: Any) -> tuple[int, bytes]:
         """crossbar's own call to a host (a token count, a prewarm): `payload` POSTed as JSON
         with the host's authorization, the whole answer read. Raises UpstreamFailure when no
         answer came."""
-        headers = Headers({"Content-Type": ["application/json"]})
-        for name, value in authorization(host).items():
-            headers.setRawHeaders(name, [value])
+        headers = [(b"Content-Type", b"application/json")]
+        headers += [(k.encode(), v.encode()) for k, v in authorization(host).items()]
         out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
         response = await self.send(out)
         return response.code, await read_body(response)
@@ -333,16 +320,71 @@ class Upstream:
         self._pool.close()
 
 
-async def _exchange(
-    pool: HostPool,
-    origin: Any,
-    connection: HostConnection | None,
-    head: bytes,
-    body: bytes | None,
-    head_only: bool,
-) -> HostResponse:
-    """One request on `connection`, or on a new one to `origin`; cancelling it cancels the
-    connect or drops the connection."""
-    if connection is None:
-        connection = await pool.connect(origin)
-    return await connection.request(head, body, head_only)
+class _Attempt:
+    """One try at a request: connect (unless a kept connection is given), write, wait for the
+    answer's head. `done` fires with the answer, or fails with an UpstreamFailure (or what no
+    failure kind names); cancelling it (the client left) is a CancelledError, whatever the
+    connect or the connection says of it."""
+
+    def __init__(
+        self,
+        upstream: Upstream,
+        origin: Any,
+        connection: HostConnection | None,
+        head: bytes,
+        body: bytes | None,
+        head_only: bool,
+    ) -> None:
+        clock = upstream._reactor
+        self._clock = clock
+        self._connect_timeout = upstream._connect_timeout
+        self._started = clock.seconds()
+        self._reused = connection is not None
+        self._request = (head, body, head_only)
+        self._why = ""  # who stopped it: "client" (our caller) or "idle"
+        self.done: Deferred[HostResponse] = Deferred(self._cancel)
+        self._timer = clock.callLater(upstream.idle_timeout, self._stop, "idle")
+        if connection is None:
+            self._waiting: Deferred[Any] = upstream._pool.connect(origin)
+            self._waiting.addCallbacks(self._send, self._failed)
+        else:
+            self._send(connection)
+
+    def _send(self, connection: HostConnection) -> None:
+        if self._why:  # stopped while it connected: the connection is not wanted
+            connection.abort()
+            return
+        self._waiting = connection.request(*self._request)
+        self._waiting.addCallbacks(self._answered, self._failed)
+
+    def _answered(self, response: HostResponse) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        if self.done.called:  # cancelled meanwhile: nobody takes this answer
+            response.deliverBody(_Discard())
+        else:
+            self.done.callback(response)
+
+    def _failed(self, failure: Failure) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        if self._why == "client" or self.done.called:
+            return  # `done` fails with CancelledError itself
+        if self._why == "idle":
+            # Never retried: a silent host is not a keep-alive race, and resending doubles
+            # its work.
+            self.done.errback(UpstreamFailure("idle timeout", connecting=False))
+            return
+        late = self._clock.seconds() - self._started > self._connect_timeout + _LATE
+        mapped = classify(failure, self._reused, late)
+        self.done.errback(failure if mapped is None else mapped)
+
+    def _stop(self, why: str) -> None:
+        if not self._why:
+            self._why = why
+            self._waiting.cancel()
+
+    def _cancel(self, done: Deferred[HostResponse]) -> None:
+        if self._timer.active():
+            self._timer.cancel()
+        self._stop("client")
