@@ -151,6 +151,7 @@ class Admin:
         if sort not in ROUTE_SORTS:
             raise bad_request(f"sort: must be one of {', '.join(ROUTE_SORTS)}, not {sort!r}")
         since = since_arg(arg(request, "since"), self.now(), default=self.now() - 86400)
+        await self._parts.usage.flush()
         usage = await self._store.usage_totals("route", since, percentiles=False)
         facts = route_facts(self.config, self._table, usage, self._limiter)
         where = (arg(request, name) for name in ("route", "host", "model"))
@@ -232,6 +233,7 @@ class Admin:
             raise bad_request(f"sort: must be one of {by}, {', '.join(USAGE_SORTS)}, not {sort!r}")
         limit = limit_arg(request, MAX_ROUTES, default=1) if arg(request, "limit") else None
         since = since_arg(arg(request, "since"), self.now())
+        await self._parts.usage.flush()  # the requests that have finished, all of them
         rows = await self._store.usage_totals(
             by, since, pick=partial(top_usage, sort=sort, limit=limit)
         )
@@ -253,6 +255,7 @@ class Admin:
         with `top`, that many routes and the rest as "(other)"."""
         since, bucket = usage_series_args(arg(request, "since"), arg(request, "bucket"), self.now())
         top = limit_arg(request, MAX_ROUTES, default=1, name="top") if arg(request, "top") else None
+        await self._parts.usage.flush()
         series = await self._store.usage_series(since, bucket, top)
         return {"since": since, "bucket": bucket, "now": self.now(), "series": series}
 

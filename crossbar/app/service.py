@@ -257,7 +257,7 @@ class CrossbarService(MultiService):
             aborted = await self.sites.resource.drain(self.config.server.shutdown_grace)
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
-        await parts.usage.close()  # the rows still waiting for their write
+        await parts.usage.flush()  # the rows still waiting for their write
         await parts.upstream.close()
         parts.handoff.close()
         await parts.instances.leave()

@@ -40,9 +40,6 @@ from crossbar.wire import Upstream
 
 # Leases loaded at start from which their objects are frozen out of full collections.
 _FREEZE_FROM = 10_000
-# Seconds between the starts of two usage writes at most: a busy proxy batches its rows, ten
-# writes a second, instead of a trip to the store's thread per request (proxy/usage.py).
-USAGE_PACE = 0.1
 
 
 @frozen
@@ -122,7 +119,7 @@ async def build_parts(
     follower = Follower(store, table.memory, hosts, instance, since)
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
-    usage = UsageRecorder(store, ids, guard, reactor, journal, pace=USAGE_PACE)
+    usage = UsageRecorder(store, ids, guard, reactor, journal)
     metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth)
     table.listeners.append(metrics.lease_event)
     usage.observers += [log_request, metrics.observe]

@@ -18,7 +18,6 @@ memory has left 503, both before its bytes are read.
 from __future__ import annotations
 
 import io
-import time
 from email.utils import formatdate
 from typing import Any
 
@@ -30,8 +29,7 @@ from twisted.web.http import NO_BODY_CODES, RESPONSES
 from twisted.web.server import NOT_DONE_YET
 
 from crossbar.config import format_size
-from crossbar.wire import INTERNAL, ClientError, unavailable, write_error
-from crossbar.wire.headers import RawHeaders
+from crossbar.wire import INTERNAL, ClientError, RawHeaders, unavailable, write_error
 
 log = Logger(namespace="crossbar.proxy")
 
@@ -121,8 +119,8 @@ class _Dates:
         self._second = -1
         self._value = b""
 
-    def now(self) -> bytes:
-        second = int(time.time())  # the wall clock is what a Date says, not the reactor's
+    def at(self, seconds: float) -> bytes:
+        second = int(seconds)
         if second != self._second:
             self._second = second
             self._value = formatdate(second, usegmt=True).encode("ascii")
@@ -268,7 +266,7 @@ class ProxyRequest:
             headers.setRawHeaders(b"Transfer-Encoding", [b"chunked"])
             self.chunked = True
         if not headers.hasHeader(b"date"):
-            headers.setRawHeaders(b"Date", [_DATES.now()])
+            headers.setRawHeaders(b"Date", [_DATES.at(self.channel.site.reactor.seconds())])
         then: tuple[bytes, ...] = ()
         if data and not self._no_body:
             then = (b"%x\r\n" % len(data), data, _CRLF) if self.chunked else (data,)

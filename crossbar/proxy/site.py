@@ -26,13 +26,13 @@ from crossbar.proxy.routing import split_route
 from crossbar.wire import (
     ClientError,
     ErrorShape,
+    RawHeaders,
     bad_request,
     classify,
     header_reader,
     request_headers,
     write_error,
 )
-from crossbar.wire.headers import RawHeaders
 
 
 @frozen

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -35,12 +35,9 @@ class UsageRecorder:
     metrics) and the store, remembers completion ids with their host, and teaches the guard.
 
     Rows are written in group commits: one write is in flight at a time, and the rows that
-    finish meanwhile go together in the next, which starts no sooner than `pace` seconds after
-    the one before. An idle crossbar writes each row at once; a busy one pays one commit (one
-    fsync on PostgreSQL) per batch instead of per request, and at most 1/`pace` of them a
-    second: each write is a trip to the store's thread, whose handing the interpreter back and
-    forth with the reactor's cost the proxy a tenth of its CPU at thousands of requests a
-    second. `close` writes what waits.
+    finish meanwhile go together in the next. An idle crossbar writes each row at once; a busy
+    one pays one commit (one fsync on PostgreSQL) per batch instead of per request. `flush`
+    waits until every finished row is written (a usage answer, a stop).
 
     While the store is degraded (the journal says so) rows wait in memory, at most
     MAX_UNSAVED_ROWS, and are written when it recovers; rows the store refuses wait too."""
@@ -53,12 +50,8 @@ class UsageRecorder:
         clock: IReactorTime,
         journal: Journal | None = None,
         observers: list[Observer] | None = None,
-        pace: float = 0.0,
     ) -> None:
         self._store = store
-        self._pace = pace
-        self._started = float("-inf")  # when the last write began
-        self._timer: IDelayedCall | None = None
         self._landed: Deferred[None] | None = None  # the write in flight
         self._ids = ids
         self._guard = guard
@@ -138,35 +131,22 @@ class UsageRecorder:
             self._hold(row)
             return
         self._pending.append(row)
-        if not self._writing and self._timer is None:
-            self._soon()
+        if not self._writing:
+            self._start()
 
-    def _soon(self) -> None:
-        """Write what waits now, or once `pace` has passed since the last write began."""
-        wait = self._started + self._pace - self._clock.seconds()
-        if wait <= 0:
-            self._flush()
-        else:
-            self._timer = self._clock.callLater(wait, self._flush)
-
-    def _flush(self) -> None:
-        self._timer = None
-        if not self._pending:
-            return
+    def _start(self) -> None:
         rows, self._pending = self._pending, []
         self._writing = True
-        self._started = self._clock.seconds()
         d = self._landed = ensureDeferred(self._store.record_usage_rows(rows))
         d.addCallbacks(self._written, self._refused, errbackArgs=(rows,))
 
-    async def close(self) -> None:
-        """Write the rows that wait (a stop), and wait for the write in flight."""
-        if self._timer is not None and self._timer.active():
-            self._timer.cancel()
-        self._timer = None
+    async def flush(self) -> None:
+        """Wait until the rows of every finished request are written (those waiting for the
+        write in flight too): the admin's usage answers count them all, a stop loses none.
+        While the store is degraded it returns at once: those rows wait for its recovery."""
         while self._writing or self._pending:
             if not self._writing:
-                self._flush()
+                self._start()
             landed = self._landed
             if landed is None:
                 break
@@ -179,8 +159,8 @@ class UsageRecorder:
     def _written(self, _: object) -> None:
         self._writing = False
         self._landed = None
-        if self._pending and self._timer is None:
-            self._soon()
+        if self._pending:
+            self._start()
 
     def _refused(self, failure: Failure, rows: list[UsageRow]) -> None:
         self._writing = False

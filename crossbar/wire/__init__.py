@@ -19,6 +19,7 @@ from crossbar.wire.errors import (
     write_error,
 )
 from crossbar.wire.exchange import Exchange
+from crossbar.wire.headers import RawHeaders
 from crossbar.wire.inbound import (
     HeaderReader,
     Inbound,
@@ -44,6 +45,7 @@ __all__ = [
     "HostEndpoints",
     "Inbound",
     "Kind",
+    "RawHeaders",
     "Relay",
     "Tokens",
     "Upstream",

@@ -1,6 +1,6 @@
 """Usage rows are written in group commits: at once when the store is idle, and together while
-a write is in flight, so a busy crossbar pays one commit per batch, not per request; with a
-pace, a write starts no sooner than that after the one before, and a stop writes what waits."""
+a write is in flight, so a busy crossbar pays one commit per batch, not per request; a flush
+(a usage answer, a stop) waits for every finished row."""
 
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.internet.task import Clock
@@ -30,13 +30,10 @@ class SlowStore:
         pass
 
 
-def recorder(store, clock=None, pace=0.0):
-    clock = clock or Clock()
+def recorder(store):
+    clock = Clock()
     journal = Journal(store, clock)
-    usage = UsageRecorder(
-        store, IdMemory(size=10, ttl=60), ContextGuard(), clock, journal, pace=pace
-    )
-    return usage, journal
+    return UsageRecorder(store, IdMemory(size=10, ttl=60), ContextGuard(), clock, journal), journal
 
 
 def routes(store):
@@ -70,43 +67,23 @@ def test_a_refused_batch_and_the_rows_behind_it_wait_for_the_store_to_recover():
     assert len(store.writes) == 1 and [r.route for r in usage.unsaved] == ["a", "b", "c"]
 
 
-def test_with_a_pace_a_write_starts_no_sooner_than_that_after_the_last():
-    store, clock = SlowStore(), Clock()
-    usage, _ = recorder(store, clock, pace=0.1)
+def test_a_flush_waits_for_the_rows_behind_the_write_in_flight_too():
+    store = SlowStore()
+    usage, _ = recorder(store)
     usage.finish(Exchange(0.0, route="a"))
-    assert routes(store) == [["a"]]  # idle: at once
+    usage.finish(Exchange(0.0, route="b"))  # waits for the write of "a"
+    flushed = ensureDeferred(usage.flush())
     store.writes[0][1].callback(None)
-    clock.advance(0.04)
-    usage.finish(Exchange(0.0, route="b"))
-    usage.finish(Exchange(0.0, route="c"))
-    assert routes(store) == [["a"]]  # landed, but the last write began 0.04 s ago
-    clock.advance(0.06)
-    assert routes(store) == [["a"], ["b", "c"]]
+    assert routes(store) == [["a"], ["b"]] and not flushed.called
     store.writes[1][1].callback(None)
-    clock.advance(1)
-    usage.finish(Exchange(0.0, route="d"))
-    assert routes(store)[-1] == ["d"]  # idle longer than the pace: at once again
+    assert flushed.called
 
 
-def test_a_write_that_takes_longer_than_the_pace_is_followed_at_once():
-    store, clock = SlowStore(), Clock()
-    usage, _ = recorder(store, clock, pace=0.1)
+def test_a_flush_while_the_store_is_down_returns_and_the_rows_wait():
+    store = SlowStore()
+    usage, journal = recorder(store)
     usage.finish(Exchange(0.0, route="a"))
-    usage.finish(Exchange(0.0, route="b"))
-    clock.advance(0.5)
-    store.writes[0][1].callback(None)
-    assert routes(store) == [["a"], ["b"]]
-
-
-def test_close_writes_the_rows_waiting_for_the_pace_and_waits_for_them():
-    store, clock = SlowStore(), Clock()
-    usage, _ = recorder(store, clock, pace=0.1)
-    usage.finish(Exchange(0.0, route="a"))
-    store.writes[0][1].callback(None)
-    usage.finish(Exchange(0.0, route="b"))
-    closed = ensureDeferred(usage.close())
-    assert routes(store) == [["a"], ["b"]] and not closed.called
-    store.writes[1][1].callback(None)
-    assert closed.called
-    clock.advance(1)
-    assert routes(store) == [["a"], ["b"]]  # the pace's timer went with the close
+    flushed = ensureDeferred(usage.flush())
+    store.writes[0][1].errback(OSError("disk full"))
+    assert flushed.called and journal.degraded
+    assert [r.route for r in usage.unsaved] == ["a"]
