@@ -221,8 +221,11 @@ class Admin:
     @app.route("/api/keys", methods=["GET"])
     @api
     async def list_keys(self, request: Any) -> dict[str, Any]:
-        """GET /api/keys: every named key, its limits and use (never a secret)."""
-        return {"keys": self._keys().list()}
+        """GET /api/keys?names=: every named key (or those of the comma-separated `names`),
+        its limits and use (never a secret)."""
+        names = arg(request, "names")
+        wanted = None if names is None else [n for n in names.split(",") if n]
+        return {"keys": self._keys().list(wanted)}
 
     @app.route("/api/keys", methods=["POST"])
     async def create_key(self, request: Any) -> bytes:

@@ -3,6 +3,8 @@ where the request path meets HTTP (wire/errors.py holds the answers' shapes)."""
 
 from __future__ import annotations
 
+import math
+
 from attrs import frozen
 
 from crossbar.leases import NoHost, PinnedDown
@@ -32,7 +34,8 @@ def for_key(error: KeyRefused | OverLimit) -> ClientError:
             "rate_limit_error",
             error.message,
             code="rate_limit_exceeded",
-            headers={"Retry-After": str(max(1, round(error.retry_after)))},
+            # Rounded up: a client that waits what it is told finds the request fits.
+            headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))},
         )
     if error.status == 403:
         return ClientError(403, "permission_error", error.message, code="permission_error")

@@ -109,8 +109,13 @@ class Tenants:
         now = self._clock.seconds()
         return {**key_view(key, now), "used": self.meter.status(key, now)}
 
-    def list(self) -> list[dict[str, Any]]:
-        return [self.show(name) for name in self.book.names()]
+    def list(self, names: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        """Every key (or those of `names` that exist), by name, as `show` tells each."""
+        known = self.book.names()
+        if names is not None:
+            wanted = set(names)
+            known = [name for name in known if name in wanted]
+        return [self.show(name) for name in known]
 
     async def create(
         self,

@@ -26,6 +26,7 @@ Cost: prompt tokens not cached + cached tokens x `cached_weight` + completion to
 from __future__ import annotations
 
 import calendar
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -284,7 +285,7 @@ class KeyMeter:
             kind,
             wait,
             f"key {key.name!r} is over its limit of {what} ({kind}); "
-            f"try again in {max(1, round(wait))} s",
+            f"try again in {max(1, math.ceil(wait))} s",
         )
         if now - state.logged_at >= _LOG_EVERY:
             state.logged_at = now

@@ -21,7 +21,14 @@ async def send(instance: Running, secret: str, n: int = 0) -> tuple[int, dict]:
     body = {
         "model": MODEL,
         "max_tokens": 20,
-        "messages": [{"role": "user", "content": f"Task {n}: rename the module."}],
+        # Longer than 64 characters: the guard learns tokens per character from such prompts,
+        # so the estimates requests are admitted on come close to their cost.
+        "messages": [
+            {
+                "role": "user",
+                "content": f"Task {n:03d}: rename the module, then fix every import that refers to it.",
+            }
+        ],
     }
     response = await wait(
         instance.http().post(

@@ -119,7 +119,10 @@ async def test_an_unknown_or_missing_key_is_401_invalid_api_key(crossbar):
         error = await in_thread(chat(gpt(crossbar, "team", key)))
         assert type(error) is openai.AuthenticationError
         assert error.code == "invalid_api_key" and error.type == "authentication_error"
-        assert error.message == "route 'team' needs an API key: send Authorization: Bearer <key>"
+        assert (
+            error.body["message"]
+            == "route 'team' needs an API key: send Authorization: Bearer <key>"
+        )
     error = await in_thread(message(claude(crossbar, "team", "sk-nobody-0000000000")))
     assert type(error) is anthropic.AuthenticationError
     assert error.body["error"]["type"] == "authentication_error"
@@ -130,7 +133,7 @@ async def test_a_key_outside_its_routes_is_403_in_each_dialect(crossbar):
     error = await in_thread(chat(gpt(crossbar, "team", BOB)))
     assert type(error) is openai.PermissionDeniedError
     assert error.code == "permission_error" and error.type == "permission_error"
-    assert error.message == "key 'bob' may not use route 'team': ask the operator"
+    assert error.body["message"] == "key 'bob' may not use route 'team': ask the operator"
     error = await in_thread(message(claude(crossbar, "team", BOB)))
     assert type(error) is anthropic.PermissionDeniedError
     assert error.body["error"] == {
@@ -144,7 +147,7 @@ async def test_a_key_outside_its_routes_is_403_in_each_dialect(crossbar):
 async def test_a_key_outside_its_models_is_403(crossbar):
     error = await in_thread(chat(gpt(crossbar, "team", CI)))
     assert type(error) is openai.PermissionDeniedError
-    assert error.message == (
+    assert error.body["message"] == (
         f"key 'ci' may not use model '{MODEL}' (it may use llama-*); ask the operator"
     )
 
@@ -155,7 +158,7 @@ async def test_a_blocked_or_expired_key_is_401_on_every_route_even_an_open_one(c
         for route in ("team", "open"):
             error = await in_thread(chat(gpt(crossbar, route, key)))
             assert type(error) is openai.AuthenticationError, (route, error)
-            assert error.code == "invalid_api_key" and error.message.startswith(why)
+            assert error.code == "invalid_api_key" and error.body["message"].startswith(why)
 
 
 @pytest_twisted.ensureDeferred
@@ -187,7 +190,7 @@ async def test_a_key_over_its_limit_gets_429_with_retry_after_in_each_dialect(cr
     assert type(error) is openai.RateLimitError
     assert error.code == "rate_limit_exceeded" and error.type == "rate_limit_error"
     assert (
-        error.message
+        error.body["message"]
         == "key 'tight' is over its limit of 1 requests a minute (rpm); try again in 60 s"
     )
     assert error.response.headers["retry-after"] == "60"
@@ -196,7 +199,8 @@ async def test_a_key_over_its_limit_gets_429_with_retry_after_in_each_dialect(cr
     assert type(error) is anthropic.RateLimitError
     assert error.body["error"]["type"] == "rate_limit_error"
     assert crossbar.fakes["titan"].counters.requests["/v1/chat/completions"] == 1
-    status = crossbar.parts.tenants.meter.status(crossbar.parts.tenants.book.get("tight"), 0)
+    tenants = crossbar.parts.tenants
+    status = tenants.meter.status(tenants.book.get("tight"), reactor.seconds())
     assert status["limited"] == {"rpm": 2}
 
 
@@ -229,17 +233,22 @@ async def test_fifty_concurrent_requests_of_a_1000_tpm_key_admit_1000_tokens_and
     crossbar = await start_crossbar(fakes, ROUTES, keys=keys, parallel=64)
     try:
         client = crossbar.client()
-        headers = {"Authorization": f"Bearer {ALICE}", "Content-Type": "application/json"}
 
-        async def one(n: int) -> tuple[int, dict]:
+        async def one(n: int, route: str = "team", key: str = ALICE) -> tuple[int, dict]:
+            task = f"Task {n:02d}: rename the module and update every import that refers to it."
             body = {"model": MODEL, "max_tokens": 60,
-                    "messages": [{"role": "user", "content": f"Task {n}: rename the module."}]}  # fmt: skip
+                    "messages": [{"role": "user", "content": task}]}  # fmt: skip
             response = await client.post(
-                crossbar.url("team", "/v1/chat/completions"),
+                crossbar.url(route, "/v1/chat/completions"),
                 data=json.dumps(body).encode(),
-                headers=headers,
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
             )
             return response.code, json.loads(await response.content())
+
+        # The guard learns the model's tokens per character from answered prompts like these
+        # (on a route without keys): the estimate each request is admitted on is then close.
+        for n in range(3):
+            assert (await one(90 + n, "open", "none"))[0] == 200
 
         meter = crossbar.parts.tenants.meter
         started = reactor.seconds()
@@ -252,7 +261,7 @@ async def test_fifty_concurrent_requests_of_a_1000_tpm_key_admit_1000_tokens_and
         assert len(served) + len(refused) == 50 and served and refused
         assert all(b["error"]["code"] == "rate_limit_exceeded" for b in refused)
         spent = sum(b["usage"]["prompt_tokens"] + b["usage"]["completion_tokens"] for b in served)
-        estimate = 60 + max(b["usage"]["prompt_tokens"] for b in served) * 2  # generous
+        estimate = 60 + max(b["usage"]["prompt_tokens"] for b in served)  # one request's
         refill = 1000 * elapsed / 60  # the bucket refills while the burst runs
         assert spent <= 1000 + estimate + refill, (spent, len(served), elapsed)
         assert meter.mean_completion("burst") == pytest.approx(60)
@@ -279,7 +288,7 @@ async def test_a_stream_cut_short_settles_what_was_delivered():
                 try:
                     for _ in chunks:
                         pass
-                except openai.APIError as e:  # the cut
+                except Exception as e:  # the cut: crossbar's error event, or the closed stream
                     return e
             return None
 

@@ -232,7 +232,7 @@ function renderKeys(keys, usage) {
   });
   fill("keys", ["key", "state", "requests", "tokens", "tokens today / budget",
                 "tokens this month / budget", "limits hit"], rows, "no key sent a request in this window");
-  $("key-count").textContent = `${keys.length} keys`;
+  $("key-count").textContent = rows.length ? `the ${rows.length} busiest in the window` : "";
 }
 
 function renderMoves(moves) {
@@ -341,7 +341,7 @@ async function refreshOnce() {
   const f = filters();
   fetched = 0;
   try {
-    const [status, hosts, routes, leases, events, busiest, worst, moves, series, instances, keys,
+    const [status, hosts, routes, leases, events, busiest, worst, moves, series, instances,
            keyUsage] =
       await Promise.all([
         api("GET", "/api/status"), api("GET", "/api/hosts"), api("GET", `/api/routes?${f.routes}`),
@@ -350,8 +350,13 @@ async function refreshOnce() {
         api("GET", `/api/usage?by=route&${since}&sort=cache_hit_ratio&limit=${PAGE.top}`),
         api("GET", `/api/moves?${since}&limit=${PAGE.top}`),
         api("GET", `/api/usage/series?${since}&bucket=${bucket}s&top=8`),
-        api("GET", "/api/instances"), api("GET", "/api/keys"),
+        api("GET", "/api/instances"),
         api("GET", `/api/usage?by=key&${since}&sort=requests&limit=${PAGE.top}`)]);
+    // Only the top keys' limits and budgets: a fleet may have thousands of keys.
+    const top = keyUsage.usage.map((u) => u.key).filter((k) => k);
+    const keys = top.length
+      ? await api("GET", `/api/keys?names=${top.map(encodeURIComponent).join(",")}`)
+      : { keys: [] };
     renderTotals(status, routes, busiest.usage); renderHosts(hosts.hosts);
     renderRoutes(routes); renderLeases(leases); renderEvents(events.events);
     renderUsage(busiest.usage, worst.usage); renderMoves(moves.moves); renderChart(series);
