@@ -259,9 +259,11 @@ class KeyMeter:
         if limits.tpm is not None:
             cap = limits.tpm * fraction
             level = state.tpm.now(cap, now)
-            # A request larger than the whole bucket runs when the bucket is full.
-            if level < min(estimate, cap):
-                wait = (min(estimate, cap) - level) / (cap / _MINUTE)
+            # A request larger than the whole bucket runs when the bucket is full; every
+            # request needs one token at least (its cost is known only when it ends).
+            need = min(max(estimate, 1.0), cap)
+            if level < need:
+                wait = (need - level) / (cap / _MINUTE)
                 self._refuse(key, state, "tpm", wait, now, f"{limits.tpm} tokens a minute")
         for kind, budget, spent, until in (
             ("tokens_per_day", limits.tokens_per_day, state.day, _until_next_day),
@@ -270,7 +272,7 @@ class KeyMeter:
             if budget is None:
                 continue
             room = spent.room(budget, fraction)
-            if room >= estimate or (room > 0 and spent.reserved == 0):
+            if room > 0 and (room >= estimate or spent.reserved == 0):
                 continue
             wait = until(now) if spent.used() >= budget else _SYNC_RETRY
             self._refuse(key, state, kind, wait, now, f"a budget of {budget} tokens")

@@ -197,3 +197,14 @@ def test_two_instances_share_what_remains_of_a_budget_at_each_sync():
     total = spent["a"] + spent["b"]
     assert 900 <= total <= 1000 + 2 * 40  # within 10%, each overshooting by one at most
     assert a.status(k, T0)["tokens_today"] == pytest.approx(total)
+
+
+def test_a_spent_limit_refuses_even_a_request_expected_to_cost_nothing():
+    meter, k = KeyMeter(), key(tpm=100, tokens_per_day=100)
+    meter.admit(k, 100.0, T0).settle(100, 0, 0, T0)
+    with pytest.raises(OverLimit) as e:
+        meter.admit(k, 0.0, T0)  # no prompt, no output limit, no mean yet
+    assert e.value.limit == "tpm"
+    with pytest.raises(OverLimit) as e:
+        meter.admit(k, 0.0, T0 + 3600)  # the minute refilled; the day's budget did not
+    assert e.value.limit == "tokens_per_day"
