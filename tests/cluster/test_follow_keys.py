@@ -54,6 +54,9 @@ class Memory:
     def caught_up(self, n: int) -> None:
         pass
 
+    def replace_all(self, leases: list) -> None:
+        pass
+
 
 class Hosts:
     def remote_draining(self, name: str, draining: bool) -> None:

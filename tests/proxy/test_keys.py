@@ -54,9 +54,18 @@ async def crossbar():
     running = await start_crossbar(fakes, ROUTES, keys=KEYS, parallel=2)
     rows: list = []
     running.parts.usage.observers.append(rows.append)
-    running.rows = rows  # type: ignore[attr-defined]
+    _ROWS[id(running)] = rows
     yield running
+    del _ROWS[id(running)]
     await running.stop()
+
+
+_ROWS: dict[int, list] = {}
+
+
+def rows_of(crossbar: Crossbar) -> list:
+    """The usage rows the crossbar of the fixture recorded, in order."""
+    return _ROWS[id(crossbar)]
 
 
 def gpt(crossbar: Crossbar, route: str, key: str) -> openai.OpenAI:
@@ -109,8 +118,8 @@ async def test_a_key_on_its_route_is_served_and_named_in_the_answer_and_the_usag
     assert headers["x-crossbar-key"] == "alice"
     headers, _ = await in_thread(message(claude(crossbar, "team", ALICE)))  # x-api-key
     assert headers["x-crossbar-key"] == "alice"
-    await until(lambda: len(crossbar.rows) == 2)
-    assert [r.key for r in crossbar.rows] == ["alice", "alice"]
+    await until(lambda: len(rows_of(crossbar)) == 2)
+    assert [r.key for r in rows_of(crossbar)] == ["alice", "alice"]
 
 
 @pytest_twisted.ensureDeferred
@@ -179,8 +188,8 @@ async def test_on_an_open_route_a_known_key_names_the_usage_and_any_other_is_ign
     assert headers["x-crossbar-key"] == "bob"
     headers, _ = await in_thread(chat(gpt(crossbar, "open", "sk-no-key")))
     assert "x-crossbar-key" not in headers
-    await until(lambda: len(crossbar.rows) == 2)
-    assert [r.key for r in crossbar.rows] == ["bob", ""]
+    await until(lambda: len(rows_of(crossbar)) == 2)
+    assert [r.key for r in rows_of(crossbar)] == ["bob", ""]
 
 
 @pytest_twisted.ensureDeferred

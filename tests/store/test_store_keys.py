@@ -4,13 +4,15 @@ kept, and each instance's spending is summed for the others; usage rows and thei
 their key."""
 
 import json
+import time
 
 import pytest_twisted
 from attrs import evolve
 
 from crossbar.config import KeyConfig, KeyLimits, hash_secret
 from crossbar.records import UsageRow
-from crossbar.tenants import API, ClientKey, from_config
+from crossbar.tenants import API, ClientKey, from_config, period_ids
+from crossbar.tenants.meter import period_start
 from tests.support.lease_fakes import open_store
 
 SECRET = "sk-store-secret-0001"
@@ -74,19 +76,21 @@ async def test_the_store_holds_hashes_of_secrets_never_a_secret(tmp_path):
 
 @pytest_twisted.ensureDeferred
 async def test_each_instance_reads_the_others_spending_not_its_own(store):
+    day, month = period_ids(time.time())  # the store prunes periods long over by its clock
+    starts = period_start(day)
     store.instance = "a"
-    assert await store.sync_spend([("ci", "d2026-12-01", 100.0, 1.0)], ["d2026-12-01"]) == {}
+    assert await store.sync_spend([("ci", day, 100.0, starts)], [day]) == {}
     store.instance = "b"
-    others = await store.sync_spend(
-        [("ci", "d2026-12-01", 40.0, 1.0), ("ci", "m2026-12", 40.0, 1.0)],
-        ["d2026-12-01", "m2026-12"],
-    )
-    assert others == {("ci", "d2026-12-01"): 100.0}
+    rows = [("ci", day, 40.0, starts), ("ci", month, 40.0, period_start(month))]
+    assert await store.sync_spend(rows, [day, month]) == {("ci", day): 100.0}
     store.instance = "a"
-    others = await store.sync_spend(
-        [("ci", "d2026-12-01", 150.0, 1.0)], ["d2026-12-01", "m2026-12"]
-    )
-    assert others == {("ci", "d2026-12-01"): 40.0, ("ci", "m2026-12"): 40.0}
+    others = await store.sync_spend([("ci", day, 150.0, starts)], [day, month])
+    assert others == {("ci", day): 40.0, ("ci", month): 40.0}
+    old = period_ids(time.time() - 90 * 86400)[0]
+    store.instance = "c"
+    await store.sync_spend([("ci", old, 5.0, period_start(old))], [old])
+    store.instance = "a"
+    assert await store.sync_spend([], [old]) == {}  # pruned: that day is long over
 
 
 @pytest_twisted.ensureDeferred
