@@ -51,15 +51,12 @@ class KeyLimits:
     @property
     def any(self) -> bool:
         """Whether any limit is set (else admission is free)."""
-        return any(
-            v is not None
-            for v in (
-                self.rpm,
-                self.tpm,
-                self.max_in_flight,
-                self.tokens_per_day,
-                self.tokens_per_month,
-            )
+        return (
+            self.rpm is not None
+            or self.tpm is not None
+            or self.max_in_flight is not None
+            or self.tokens_per_day is not None
+            or self.tokens_per_month is not None
         )
 
     def to_json(self) -> dict[str, Any]:

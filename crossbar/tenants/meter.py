@@ -65,10 +65,21 @@ class _Alone:
 ALONE: Share = _Alone()
 
 
+_DAY = 86400.0
+_periods: list = [float("inf"), float("-inf"), ("", "")]  # the day cached: [start, end, ids]
+
+
 def period_ids(now: float) -> tuple[str, str]:
-    """The UTC day and month `now` falls in: ("d2026-12-01", "m2026-12")."""
+    """The UTC day and month `now` falls in: ("d2026-12-01", "m2026-12"). Worked out once
+    a day (every admitted request asks)."""
+    start, end, ids = _periods
+    if start <= now < end:
+        return ids
     t = time.gmtime(now)
-    return f"d{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", f"m{t.tm_year:04d}-{t.tm_mon:02d}"
+    ids = f"d{t.tm_year:04d}-{t.tm_mon:02d}-{t.tm_mday:02d}", f"m{t.tm_year:04d}-{t.tm_mon:02d}"
+    start = now - now % _DAY
+    _periods[:] = [start, start + _DAY, ids]
+    return ids
 
 
 def period_start(period: str) -> float:
@@ -102,6 +113,11 @@ class _Bucket:
 
     def take(self, amount: float, cap: float, now: float) -> None:
         self.level = self.now(cap, now) - amount
+        self.at = now
+
+    def set(self, level: float, now: float) -> None:
+        """The level read at `now` (by `now`), less what was taken."""
+        self.level = level
         self.at = now
 
 
@@ -227,24 +243,36 @@ class KeyMeter:
         limits, name = key.limits, key.name
         state = self._state(name)
         day, month = period_ids(now)
-        state.day.roll(day)
-        state.month.roll(month)
+        if state.day.period != day:
+            state.day.roll(day)
+        if state.month.period != month:
+            state.month.roll(month)
+        fraction = self.share.fraction() if limits.any else 1.0
+        rpm = tpm = 0.0
         if limits.any:
-            self._check(key, state, estimate, now)
-        fraction = self.share.fraction()
+            rpm, tpm = self._check(key, state, estimate, now, fraction)
+        # Taken only once every limit said yes: a refusal reserves nothing.
         if limits.rpm is not None:
-            state.rpm.take(1, limits.rpm * fraction, now)
+            state.rpm.set(rpm - 1, now)
         if limits.tpm is not None:
-            state.tpm.take(estimate, limits.tpm * fraction, now)
+            state.tpm.set(tpm - estimate, now)
         state.in_flight += 1
         state.day.reserved += estimate
         state.month.reserved += estimate
-        state.minute.append((now, estimate))
+        minute = state.minute
+        minute.append((now, estimate))
+        while minute[0][0] <= now - _MINUTE:  # what "this minute" shows, and no more
+            minute.popleft()
         state.requests += 1
         return Reservation(self, name, limits, estimate, day, month, prompt, cached)
 
-    def _check(self, key: ClientKey, state: _State, estimate: float, now: float) -> None:
-        limits, fraction = key.limits, self.share.fraction()
+    def _check(
+        self, key: ClientKey, state: _State, estimate: float, now: float, fraction: float
+    ) -> tuple[float, float]:
+        """Raise OverLimit for the first limit the request does not fit; the rpm and tpm
+        buckets' levels now (0 for a limit not set)."""
+        limits = key.limits
+        rpm = tpm = 0.0
         if limits.max_in_flight is not None:
             cap = max(1, self.share.part(limits.max_in_flight))
             if state.in_flight >= cap:
@@ -252,18 +280,18 @@ class KeyMeter:
                              f"{limits.max_in_flight} requests in flight at most")  # fmt: skip
         if limits.rpm is not None:
             cap = limits.rpm * fraction
-            level = state.rpm.now(cap, now)
-            if level < 1:
-                wait = (1 - level) / (cap / _MINUTE)
+            rpm = state.rpm.now(cap, now)
+            if rpm < 1:
+                wait = (1 - rpm) / (cap / _MINUTE)
                 self._refuse(key, state, "rpm", wait, now, f"{limits.rpm} requests a minute")
         if limits.tpm is not None:
             cap = limits.tpm * fraction
-            level = state.tpm.now(cap, now)
+            tpm = state.tpm.now(cap, now)
             # A request larger than the whole bucket runs when the bucket is full; every
             # request needs one token at least (its cost is known only when it ends).
             need = min(max(estimate, 1.0), cap)
-            if level < need:
-                wait = (need - level) / (cap / _MINUTE)
+            if tpm < need:
+                wait = (need - tpm) / (cap / _MINUTE)
                 self._refuse(key, state, "tpm", wait, now, f"{limits.tpm} tokens a minute")
         for kind, budget, spent, until in (
             ("tokens_per_day", limits.tokens_per_day, state.day, _until_next_day),
@@ -276,6 +304,7 @@ class KeyMeter:
                 continue
             wait = until(now) if spent.used() >= budget else _SYNC_RETRY
             self._refuse(key, state, kind, wait, now, f"a budget of {budget} tokens")
+        return rpm, tpm
 
     def _refuse(
         self, key: ClientKey, state: _State, kind: str, wait: float, now: float, what: str

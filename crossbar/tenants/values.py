@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
+import re
+from fnmatch import translate
 from typing import Any
 
 from attrs import field, frozen
@@ -11,6 +12,14 @@ from crossbar.config import KeyConfig, KeyLimits
 
 CONFIG = "config"  # seeded from `[keys.<name>]`
 API = "api"  # made through the admin API
+
+
+def _globs(globs: tuple[str, ...]) -> re.Pattern[str]:
+    """One pattern matching what any of the shell-style `globs` matches, as fnmatchcase does
+    (case-sensitive, the whole name); none: matches nothing."""
+    if not globs:
+        return re.compile(r"(?!)")
+    return re.compile("|".join(f"(?:{translate(glob)})" for glob in globs))
 
 
 @frozen
@@ -32,13 +41,25 @@ class ClientKey:
     old_sha256: str = field(default="", repr=False)
     old_until: float = 0.0
 
+    # The scopes as one pattern each, made once per key (a check per request).
+    _routes_re: re.Pattern[str] = field(init=False, eq=False, repr=False)
+    _models_re: re.Pattern[str] | None = field(init=False, eq=False, repr=False)
+
+    @_routes_re.default
+    def _compile_routes(self) -> re.Pattern[str]:
+        return _globs(self.routes)
+
+    @_models_re.default
+    def _compile_models(self) -> re.Pattern[str] | None:
+        return _globs(self.models) if self.models else None
+
     def covers_route(self, route: str) -> bool:
         """Whether the key may use `route` (its `routes` name it or a glob of them matches)."""
-        return any(fnmatchcase(route, glob) for glob in self.routes)
+        return self._routes_re.match(route) is not None
 
     def covers_model(self, model: str) -> bool:
         """Whether the key may ask for `model` (no `models`: any)."""
-        return not self.models or any(fnmatchcase(model, glob) for glob in self.models)
+        return self._models_re is None or self._models_re.match(model) is not None
 
     def expired(self, now: float) -> bool:
         return self.expires is not None and now >= self.expires
