@@ -44,3 +44,4 @@ class UsageRow:
     duration_ms: float | None = None
     lease: str = ""  # the X-Crossbar-Lease value: new, reused or pinned
     error: str = ""  # what went wrong, "" when nothing did
+    key: str = ""  # the named client key's name ("" for none or an anonymous key); never a secret

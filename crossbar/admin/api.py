@@ -22,6 +22,7 @@ from twisted.logger import Logger
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from crossbar.admin import auth as admin_auth
+from crossbar.admin import keys as admin_keys
 from crossbar.admin.actions import Actions, Reload, ReloadRefused
 from crossbar.admin.facts import route_facts
 from crossbar.admin.http import MAX_BODY, arg, body_of, json_answer, limit_arg
@@ -44,6 +45,7 @@ from crossbar.leases import Journal, StoreUnavailable, Table, Warmth
 from crossbar.limiter import Limiter
 from crossbar.proxy import UsageRecorder
 from crossbar.store import USAGE_GROUPS, Store, StoreError
+from crossbar.tenants import KeyActionRefused, Tenants
 from crossbar.wire import ClientError, bad_request, not_found, phrase, unavailable
 
 __all__ = ["MAX_BODY", "Admin"]
@@ -82,6 +84,7 @@ class AdminParts:
     warmth: Warmth
     evacuator: Evacuator | None = None
     kept: HandoffStore | None = None  # the hand-off store (its state in /api/status)
+    tenants: Tenants | None = None  # the named client keys
 
 
 Handler = Callable[..., Awaitable[Any]]
@@ -208,6 +211,65 @@ class Admin:
     async def reload(self, request: Any) -> dict[str, Any]:
         """POST /api/reload: read the config file again; a bad one is refused (400)."""
         return await self._actions.reload(self.config)
+
+    # -- client keys
+
+    def _keys(self) -> Tenants:
+        if self._parts.tenants is None:
+            raise not_found("this crossbar keeps no client keys")
+        return self._parts.tenants
+
+    @app.route("/api/keys", methods=["GET"])
+    @api
+    async def list_keys(self, request: Any) -> dict[str, Any]:
+        """GET /api/keys?names=: every named key (or those of the comma-separated `names`),
+        its limits and use (never a secret)."""
+        names = arg(request, "names")
+        wanted = None if names is None else [n for n in names.split(",") if n]
+        return {"keys": self._keys().list(wanted)}
+
+    @app.route("/api/keys", methods=["POST"])
+    async def create_key(self, request: Any) -> bytes:
+        """POST /api/keys {"name", "routes", ...}: a new key; 201 with its secret, once."""
+        self.authorize(request)
+        made = await admin_keys.create(self._keys(), body_of(request), self.now())
+        return json_answer(request, 201, made)
+
+    @app.route("/api/keys/<name>", methods=["GET"])
+    @api
+    async def show_key(self, request: Any, name: str) -> dict[str, Any]:
+        """GET /api/keys/<name>: the key, its limits, what it used this minute, day, month."""
+        try:
+            return self._keys().show(name)
+        except KeyActionRefused as e:
+            raise admin_keys.refused(e) from None
+
+    @app.route("/api/keys/<name>", methods=["DELETE"])
+    @api
+    async def delete_key(self, request: Any, name: str) -> dict[str, Any]:
+        """DELETE /api/keys/<name>: the key no longer exists (on every instance)."""
+        try:
+            await self._keys().delete(name)
+        except KeyActionRefused as e:
+            raise admin_keys.refused(e) from None
+        return {"key": name, "deleted": True}
+
+    @app.route("/api/keys/<name>/block", methods=["POST", "DELETE"])
+    @api
+    async def block_key(self, request: Any, name: str) -> dict[str, Any]:
+        """POST (block) or DELETE (unblock) /api/keys/<name>/block."""
+        try:
+            key = await self._keys().block(name, blocked=request.method == b"POST")
+        except KeyActionRefused as e:
+            raise admin_keys.refused(e) from None
+        return {"key": name, "blocked": key.blocked}
+
+    @app.route("/api/keys/<name>/rotate", methods=["POST"])
+    @api
+    async def rotate_key(self, request: Any, name: str) -> dict[str, Any]:
+        """POST /api/keys/<name>/rotate {"grace": "1h"}: a new secret (in the answer, once);
+        the old one stays valid for `grace`."""
+        return await admin_keys.rotate(self._keys(), name, body_of(request), self.now())
 
     # -- history
 

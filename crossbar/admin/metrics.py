@@ -29,11 +29,13 @@ from crossbar.leases import Table, Warmth
 from crossbar.limiter import Limiter
 from crossbar.proxy import ContextGuard, UsageRecorder
 from crossbar.records import LeaseEvent, UsageRow
+from crossbar.tenants import Tenants
 
 __all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]
 
 # Rows' label sets kept worked out (a config's routes x hosts x models x statuses is far less).
 _MAX_SERIES = 10_000
+OTHER_KEYS = "(other)"  # the label of every key server.metrics_keys does not list
 # Seconds: a queue wait or a first byte ranges from a free slot (ms) to a long prefill (minutes).
 _BUCKETS = (0.005, 0.025, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
@@ -72,8 +74,10 @@ class Metrics:
         usage: UsageRecorder | None = None,
         instances: Instances | None = None,
         warmth: Warmth | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.config = config
+        self.tenants = tenants
         self.warmth = warmth
         self.table = table
         self.hosts = hosts
@@ -127,10 +131,23 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.key_requests = Counter(
+            "crossbar_key_requests",
+            'Requests of named client keys, by key (keys not in server.metrics_keys: "(other)").',
+            ["key"],
+            registry=r,
+        )
+        self.key_tokens = Counter(
+            "crossbar_key_tokens",
+            "Tokens of named client keys by key and kind: prompt, cached, completion.",
+            ["key", "kind"],
+            registry=r,
+        )
         # The ratio is cached/prompt over all requests so far, per route.
         self._prompt: dict[str, int] = defaultdict(int)
         self._cached: dict[str, int] = defaultdict(int)
         self._seen = Seen()
+        self._seen_keys = Seen()  # the key metrics' label sets, for a reload to prune
         self._series: dict[tuple[str, str, str, int], _Series] = {}
         r.register(_Live(self))
 
@@ -145,6 +162,8 @@ class Metrics:
             return not (label_stands(config, route) and host_stands(config, host))
 
         self._seen.forget_stale(stale)
+        listed = config.server.metrics_keys
+        self._seen_keys.forget_stale(lambda v: v[0] != OTHER_KEYS and v[0] not in listed)
         for route in [r for r in self._prompt if not label_stands(config, r)]:
             del self._prompt[route]
             self._cached.pop(route, None)
@@ -178,6 +197,24 @@ class Metrics:
             series.child("cached").inc(row.cached_tokens)
         if row.completion_tokens:
             series.child("completion").inc(row.completion_tokens)
+        if row.key:
+            self._observe_key(row)
+
+    def key_label(self, name: str) -> str:
+        """A key's label: its name if `server.metrics_keys` lists it, else "(other)" (the
+        keys the admin API makes are the operator's to list, not a series each)."""
+        return name if name in self.config.server.metrics_keys else OTHER_KEYS
+
+    def _observe_key(self, row: UsageRow) -> None:
+        label = self.key_label(row.key)
+        self._seen_keys.labels(self.key_requests, label).inc()
+        for kind, n in (
+            ("prompt", row.prompt_tokens),
+            ("cached", row.cached_tokens),
+            ("completion", row.completion_tokens),
+        ):
+            if n:
+                self._seen_keys.labels(self.key_tokens, label, kind).inc(n)
 
     def _series_of(self, row: UsageRow) -> _Series:
         """The series a row counts in: its labels worked out once per (route, host, model,
@@ -269,6 +306,25 @@ class _Live:
             value=m.guard.refused,
         )
         yield from _store(m)
+        if m.tenants is not None:
+            yield from _keys(m)
+
+
+def _keys(m: Metrics) -> Iterator[Metric]:
+    """Requests refused because their key was over a limit, by key label and limit."""
+    limited = CounterMetricFamily(
+        "crossbar_key_limited",
+        "Requests refused (429) because their key was over a limit, by key and limit.",
+        labels=["key", "limit"],
+    )
+    assert m.tenants is not None
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for name, by_limit in m.tenants.meter.limited().items():
+        for kind, n in by_limit.items():
+            counts[(m.key_label(name), kind)] += n
+    for labels, n in sorted(counts.items()):
+        limited.add_metric(list(labels), n)
+    yield limited
 
 
 def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:

@@ -61,7 +61,7 @@ def route_rows(config: Config, facts: RouteFacts, names: list[str]) -> list[dict
                 "affinity": route.affinity if route is not None else "",
                 "queue": route.queue if route is not None else None,
                 "peers": list(route.peers) if route is not None else [],
-                "auth": bool(route.keys) if route is not None else False,
+                "auth": route.needs_key if route is not None else False,
                 "pinned": facts.pins.get(name),
                 "leases": sum(by_host.values()),
                 "leases_by_host": dict(sorted(by_host.items())),

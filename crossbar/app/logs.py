@@ -18,13 +18,14 @@ def log_request(row: UsageRow) -> None:
     host, model, lease = row.host or "-", row.model or "-", row.lease or "-"
     queue_ms = row.queue_ms or 0.0
     error = f" error={row.error!r}" if row.error else ""
+    key = f" key={row.key}" if row.key else ""  # the key's name only: never its secret
     # Formatted here in one f-string: twisted.logger's own formatting of a dozen fields was
     # most of the line's cost, a few percent of the proxy's CPU. The fields stay in the event
     # for JSON observers.
     line = (
         f"{row.route} {row.path} -> {host} {model} {row.status} lease={lease} "
         f"queue={queue_ms:.0f}ms ttfb={ttfb}ms "
-        f"tokens={row.prompt_tokens}/{row.cached_tokens}/{row.completion_tokens}{error}"
+        f"tokens={row.prompt_tokens}/{row.cached_tokens}/{row.completion_tokens}{key}{error}"
     )
     log.info(
         "{line}",
@@ -41,6 +42,7 @@ def log_request(row: UsageRow) -> None:
         cached=row.cached_tokens,
         completion=row.completion_tokens,
         error=error,
+        key=row.key,
     )
 
 

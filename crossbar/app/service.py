@@ -33,6 +33,7 @@ from crossbar.config import Config, ConfigError, load_config, with_backlog
 from crossbar.handoff import TICK as REBALANCE_TICK
 from crossbar.hosts import Hosts, ProbeSchedule
 from crossbar.store import Store
+from crossbar.tenants import SYNC_EVERY
 
 log = Logger(namespace="crossbar")
 _RESTART_KEYS = ("listen", "admin_listen", "listen_backlog", "db", "handoff_store")
@@ -147,6 +148,8 @@ class CrossbarService(MultiService):
         follow.setServiceParent(self)
         beats = Every("heartbeat", _health_interval, config, parts.instances.beat, reactor)
         beats.setServiceParent(self)
+        spend = Every("keys", _sync_every, config, parts.tenants.sync, reactor)
+        spend.setServiceParent(self)
         rebalance = Every(
             "rebalance", _rebalance_every, config, parts.handoff.rebalancer.tick, reactor
         )
@@ -258,6 +261,7 @@ class CrossbarService(MultiService):
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
         await parts.usage.flush()  # the rows still waiting for their write
+        await parts.tenants.sync()  # what the keys spent, for the other instances
         await parts.upstream.close()
         parts.handoff.close()
         await parts.instances.leave()
@@ -278,6 +282,10 @@ def probe_timer(config: Config, hosts: Hosts, clock: Any) -> ProbeSchedule:
 
 def _follow_every(config: Config) -> float:
     return FOLLOW_EVERY
+
+
+def _sync_every(config: Config) -> float:
+    return SYNC_EVERY
 
 
 def _rebalance_every(config: Config) -> float:

@@ -20,7 +20,7 @@ from crossbar import __version__
 from crossbar.admin import MAX_BODY, Admin, AdminParts, Metrics
 from crossbar.app.logs import log_request
 from crossbar.app.sweep import Sweep
-from crossbar.cluster import Follower, Instances, SharedSlots
+from crossbar.cluster import Follower, Instances, KeyShare, SharedSlots
 from crossbar.config import Config
 from crossbar.handoff import HandoffParts, build_handoff
 from crossbar.hosts import Hosts
@@ -36,6 +36,7 @@ from crossbar.proxy import (
     UsageRecorder,
 )
 from crossbar.store import Store
+from crossbar.tenants import Tenants
 from crossbar.wire import Upstream
 
 # Leases loaded at start from which their objects are frozen out of full collections.
@@ -59,6 +60,7 @@ class Parts:
     usage: UsageRecorder
     metrics: Metrics
     instances: Instances
+    tenants: Tenants
     follower: Follower
     handoff: HandoffParts
     sweep: Sweep
@@ -116,11 +118,13 @@ async def build_parts(
         # walk all of them (0.7 s at 100k leases) whenever enough new objects pile up.
         gc.collect()
         gc.freeze()
-    follower = Follower(store, table.memory, hosts, instance, since)
+    tenants = Tenants(store, reactor, KeyShare(instances))
+    await tenants.load(config)  # the config's keys seeded, every key of the store known
+    follower = Follower(store, table.memory, hosts, instance, since, tenants)
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)
-    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth)
+    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth, tenants)
     table.listeners.append(metrics.lease_event)
     usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
@@ -130,7 +134,7 @@ async def build_parts(
     sweep = Sweep(config, table, store, reactor)
     return Parts(
         reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
-        metrics, instances, follower, handoff, sweep,
+        metrics, instances, tenants, follower, handoff, sweep,
     )  # fmt: skip
 
 
@@ -170,11 +174,11 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     placement = Placement(p.table, p.hosts, p.warmth, p.clock)
     resource = ProxyResource(
         config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
-        p.handoff.handoff,
+        p.handoff.handoff, p.tenants,
     )  # fmt: skip
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,
-        p.instances, p.warmth, p.handoff.evacuator, p.handoff.store,
+        p.instances, p.warmth, p.handoff.evacuator, p.handoff.store, p.tenants,
     )  # fmt: skip
     api = Admin(config, admin_parts, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)

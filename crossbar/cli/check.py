@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 from crossbar.config import (
     Config,
     HostConfig,
+    KeyConfig,
     Route,
     format_duration,
     format_size,
@@ -71,7 +74,11 @@ def _route_line(config: Config, route: Route) -> str:
             f"rebalance after {format_duration(route.rebalance_after)} queued, conversations "
             f"idle {format_duration(route.rebalance_idle)}, {route.rebalance_per_minute}/min"
         )
-    parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")
+    if route.auth == "keys":
+        anonymous = f" and {len(route.keys)} anonymous key(s)" if route.keys else ""
+        parts.append(f"auth named keys{anonymous}")
+    else:
+        parts.append(f"{len(route.keys)} key(s)" if route.keys else "no client auth")
     return "; ".join(parts)
 
 
@@ -100,4 +107,27 @@ def describe(config: Config) -> str:
     out += ["", f"templates ({len(config.templates)}, first match wins):"]
     for t in config.templates:
         out.append(f"  {t.name} (match {t.match!r}): {_route_line(config, t.route)}")
+    out += ["", f"keys ({len(config.keys)}, seeded into the store; secrets never shown):"]
+    for key in config.keys.values():
+        out.append(f"  {key.name}: {_key_line(key)}")
     return "\n".join(out)
+
+
+def _key_line(key: KeyConfig) -> str:
+    limits = key.limits
+    parts = [
+        f"routes {', '.join(key.routes) or '(none)'}",
+        f"models {', '.join(key.models) or 'any'}",
+    ]
+    for name in ("rpm", "tpm", "max_in_flight", "tokens_per_day", "tokens_per_month"):
+        value = getattr(limits, name)
+        if value is not None:
+            parts.append(f"{name} {value}")
+    parts.append(f"cached_weight {limits.cached_weight:g}")
+    if limits.weight is not None:
+        parts.append(f"weight {limits.weight:g}")
+    if key.expires is not None:
+        parts.append("expires " + time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(key.expires)))
+    if key.blocked:
+        parts.append("BLOCKED")
+    return "; ".join(parts)

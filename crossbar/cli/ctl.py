@@ -16,7 +16,7 @@ from typing import Any
 from crossbar.cli.client import DEFAULT_ADMIN, AdminClient, CtlError, seg
 from crossbar.cli.format import ago, table, when
 
-USAGE_BY = ("route", "host", "model")
+USAGE_BY = ("route", "host", "model", "key")
 
 # -- subcommands -----------------------------------------------------------------------------
 # Each returns (the API's JSON, the text for people).
@@ -172,6 +172,111 @@ def _instances(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     return answer, table(heads, rows) + "\n(* the instance that answered)"
 
 
+def _key_row(k: dict[str, Any]) -> list[Any]:
+    limits, used = k["limits"], k.get("used", {})
+    state = "BLOCKED" if k["blocked"] else "EXPIRED" if k["expired"] else "ok"
+    set_limits = ",".join(
+        f"{name}={limits[name]}"
+        for name in ("rpm", "tpm", "max_in_flight", "tokens_per_day", "tokens_per_month")
+        if limits.get(name) is not None
+    )
+    limited = sum(used.get("limited", {}).values())
+    return [k["name"], state, ",".join(k["routes"]), ",".join(k["models"]) or "*",
+            set_limits or "-", used.get("tokens_today"), used.get("tokens_this_month"),
+            limited, k["source"]]  # fmt: skip
+
+
+_KEY_HEADS = ["KEY", "STATE", "ROUTES", "MODELS", "LIMITS", "TOKENS_TODAY", "TOKENS_MONTH",
+              "LIMITED", "FROM"]  # fmt: skip
+
+
+def _keys_list(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/keys")
+    return answer, table(_KEY_HEADS, [_key_row(k) for k in answer["keys"]])
+
+
+def _keys_show(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", f"/api/keys/{seg(a.name)}")
+    used = answer["used"]
+    lines = [table(_KEY_HEADS, [_key_row(answer)]), "",
+             f"in flight {used['in_flight']}; tokens this minute {used['tokens_this_minute']}; "
+             f"today {used['tokens_today']}; this month {used['tokens_this_month']}"]  # fmt: skip
+    if used["limited"]:
+        lines.append("refused: " + ", ".join(f"{k} {n}" for k, n in used["limited"].items()))
+    if answer.get("previous_secret_valid_until"):
+        lines.append(f"previous secret valid until {when(answer['previous_secret_valid_until'])}")
+    return answer, "\n".join(lines)
+
+
+def _keys_create(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    body: dict[str, Any] = {"name": a.name, "routes": a.route, "models": a.model or []}
+    for name in ("rpm", "tpm", "max_in_flight", "tokens_per_day", "tokens_per_month"):
+        if getattr(a, name) is not None:
+            body[name] = getattr(a, name)
+    if a.cached_weight is not None:
+        body["cached_weight"] = a.cached_weight
+    if a.weight is not None:
+        body["weight"] = a.weight
+    if a.expires:
+        body["expires"] = a.expires
+    answer = c.call("POST", "/api/keys", body)
+    return answer, (f"key {a.name} created; its secret (shown this once):\n{answer['secret']}")
+
+
+def _keys_block(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", f"/api/keys/{seg(a.name)}/block")
+    return answer, f"key {a.name} is blocked: every instance answers it 401"
+
+
+def _keys_unblock(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/keys/{seg(a.name)}/block")
+    return answer, f"key {a.name} is unblocked"
+
+
+def _keys_rotate(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", f"/api/keys/{seg(a.name)}/rotate", {"grace": a.grace})
+    old = f"the old one works for {a.grace} more" if answer["grace"] else "the old one is void"
+    return answer, f"key {a.name} rotated ({old}); its new secret (shown this once):\n" + (
+        answer["secret"]
+    )
+
+
+def _keys_delete(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("DELETE", f"/api/keys/{seg(a.name)}")
+    return answer, f"key {a.name} deleted"
+
+
+def _add_keys(cmds: Any, common: argparse.ArgumentParser) -> None:
+    text = "named client keys: list, show, create, block, unblock, rotate, delete"
+    keys = cmds.add_parser("keys", parents=[common], help=text, description=text)
+    sub = keys.add_subparsers(dest="keys_command", required=True, metavar="ACTION")
+
+    def cmd(name: str, fn: Callable[..., tuple[Any, str]], help: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common], help=help, description=help)
+        p.set_defaults(func=run, ctl=fn)
+        if name != "list":
+            p.add_argument("name")
+        return p
+
+    cmd("list", _keys_list, "every key, its limits and what it spent (never a secret)")
+    cmd("show", _keys_show, "one key: limits, use this minute, day and month, refusals")
+    p = cmd("create", _keys_create, "a new key; its secret is printed once")
+    p.add_argument("--route", action="append", required=True,
+                   help="a route (or glob) it may use; repeat for more")  # fmt: skip
+    p.add_argument("--model", action="append", help="a model (or glob) it may use; default any")
+    for name in ("rpm", "tpm", "max-in-flight", "tokens-per-day", "tokens-per-month"):
+        p.add_argument(f"--{name}", type=int, default=None, dest=name.replace("-", "_"))
+    p.add_argument("--cached-weight", type=float, default=None,
+                   help="what a cached prompt token counts for (default 0.1)")  # fmt: skip
+    p.add_argument("--weight", type=float, default=None, help="its share of its routes' slots")
+    p.add_argument("--expires", help="a date or date-time (UTC unless it says): 2027-01-31")
+    cmd("block", _keys_block, "refuse the key (401) on every instance")
+    cmd("unblock", _keys_unblock, "accept the key again")
+    p = cmd("rotate", _keys_rotate, "a new secret; the old one works for --grace")
+    p.add_argument("--grace", default="0s", help='how long the old secret works ("1h")')
+    cmd("delete", _keys_delete, "delete a key made through the API")
+
+
 # -- the parser ------------------------------------------------------------------------------
 
 
@@ -229,6 +334,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--since", help='a duration ("1h", the default) or seconds since the epoch')
     p.add_argument("--bucket", help='the width of each point ("1m", the default)')
     cmd("instances", _instances, "the crossbar instances sharing this one's store")
+    _add_keys(cmds, common)
     cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
     text = "a refreshing view: hosts' slots and queues, requests/s and cache hits per route, moves"
     p = cmds.add_parser("top", parents=[common], help=text, description=text + "; q quits")

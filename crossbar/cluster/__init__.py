@@ -3,6 +3,6 @@ each host's slots, and the follower that applies the others' changes.
 """
 
 from crossbar.cluster.follower import FOLLOW_EVERY, Follower
-from crossbar.cluster.instances import Instances, SharedSlots
+from crossbar.cluster.instances import Instances, KeyShare, SharedSlots
 
-__all__ = ["FOLLOW_EVERY", "Follower", "Instances", "SharedSlots"]
+__all__ = ["FOLLOW_EVERY", "Follower", "Instances", "KeyShare", "SharedSlots"]

@@ -41,17 +41,33 @@ class Draining(Protocol):
     def replace_draining(self, names: set[str]) -> None: ...
 
 
+class KeyRefresh(Protocol):
+    """Where client key changes other instances made go (crossbar.tenants.Tenants)."""
+
+    async def refresh(self, names: set[str]) -> None: ...
+
+    async def resync(self) -> None: ...
+
+
 class Follower:
     """Applies other instances' changes; `run` once per FOLLOW_EVERY (a timer of the service).
     `since` is the change number read before the table loaded its leases."""
 
     def __init__(
-        self, store: ChangeLog, memory: LeaseMemory, hosts: Draining, instance: str, since: int
+        self,
+        store: ChangeLog,
+        memory: LeaseMemory,
+        hosts: Draining,
+        instance: str,
+        since: int,
+        keys: KeyRefresh | None = None,
     ) -> None:
         self._store = store
         self._memory = memory
         self._hosts = hosts
         self._instance = instance
+        self._keys = keys
+        self._stale_keys: set[str] = set()  # keys the others changed, to read again
         self.seen = since  # the last change number applied
         self.applied = 0  # rows of other instances applied since start
 
@@ -68,9 +84,18 @@ class Follower:
         applied = 0
         for row in rows:
             if row.instance != self._instance:
-                self._apply(row)
+                if row.kind == "key":
+                    self._stale_keys.add(row.route)
+                else:
+                    self._apply(row)
                 applied += 1
             self.seen = row.id
+        if self._stale_keys and self._keys is not None:
+            stale, self._stale_keys = self._stale_keys, set()
+            try:
+                await self._keys.refresh(stale)
+            except StoreError:
+                self._stale_keys |= stale  # read again next time
         self._memory.caught_up(self.seen)
         self.applied += applied
         return applied
@@ -95,4 +120,6 @@ class Follower:
         )
         self._memory.replace_all(leases)
         self._hosts.replace_draining(draining)
+        if self._keys is not None:
+            await self._keys.resync()
         self.seen = since

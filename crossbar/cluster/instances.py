@@ -99,6 +99,22 @@ class SharedSlots:
         return self._instances.share(self._hosts.parallel(host, model), (host, model))
 
 
+class KeyShare:
+    """This instance's part of each client key's limits (crossbar.tenants.Share): an equal
+    fraction of its rates and budgets among the live instances, and of its requests in
+    flight the way slots are divided."""
+
+    def __init__(self, instances: Instances) -> None:
+        self._instances = instances
+
+    def fraction(self) -> float:
+        live = self._instances.live
+        return 1.0 / len(live) if self._instances.id in live and live else 1.0
+
+    def part(self, total: int) -> int:
+        return fair_share(total, self._instances.live, self._instances.id)
+
+
 class Slots(Protocol):
     """Slots per (host, model) as configured or discovered (crossbar.hosts.Hosts)."""
 

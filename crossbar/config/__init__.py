@@ -3,6 +3,14 @@ templates, each route's limits, durations and sizes, and how a store URL is show
 names its dotted path (docs/reference.md, "Config"). Imports nothing of crossbar but records.
 """
 
+from crossbar.config.keys import (
+    DEFAULT_CACHED_WEIGHT,
+    KeyConfig,
+    KeyLimits,
+    KeySpec,
+    hash_secret,
+    read_key_spec,
+)
 from crossbar.config.limits import DEFAULT_LIMITS, PREWARM_PRIORITY, RouteLimits
 from crossbar.config.redaction import hide_password, is_postgres, redact
 from crossbar.config.route import Route
@@ -17,20 +25,26 @@ from crossbar.config.values import (
 )
 
 __all__ = [
+    "DEFAULT_CACHED_WEIGHT",
     "DEFAULT_LIMITS",
     "PREWARM_PRIORITY",
     "Config",
     "ConfigError",
     "HostConfig",
+    "KeyConfig",
+    "KeyLimits",
+    "KeySpec",
     "ModelConfig",
     "Route",
     "RouteLimits",
     "format_duration",
     "format_size",
+    "hash_secret",
     "hide_password",
     "is_postgres",
     "load_config",
     "parse_duration",
+    "read_key_spec",
     "redact",
     "with_backlog",
 ]

@@ -11,6 +11,7 @@ from crossbar.config.fields import NAME, Errors, Section, key_path, origin_error
 from crossbar.config.limits import PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGHT_MIN, RouteLimits
 
 AFFINITIES = ("conversation", "route")
+AUTHS = ("", "keys")  # "": the route's own `keys` list, if any; "keys": named keys too
 UNKNOWN_MODELS = ("error", "default")
 # The keys that shape a route's place in the slot queues; meaningless where it never queues.
 SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued")
@@ -27,6 +28,7 @@ class Route:
     queue: bool = True
     peers: tuple[str, ...] = ()
     keys: tuple[str, ...] = field(default=(), repr=False)
+    auth: str = ""  # "keys": only named keys whose routes cover it (and its own `keys`)
     # (glob, model) in file order: a client's model name matching the glob means that model.
     aliases: tuple[tuple[str, str], ...] = ()
     unknown_model: str = "error"  # or "default": serve default_model for any other name
@@ -48,6 +50,11 @@ class Route:
     def limits_output(self) -> bool:
         """Whether the route sets its requests' output limits (max_tokens_default/_cap)."""
         return self.max_tokens_default is not None or self.max_tokens_cap is not None
+
+    @property
+    def needs_key(self) -> bool:
+        """Whether a request must bring a key: `auth = "keys"`, or a `keys` list."""
+        return self.auth == "keys" or bool(self.keys)
 
     def per_route(self) -> bool:
         """True for affinity = "route": every request of the route shares one lease per model."""
@@ -116,6 +123,12 @@ def read_route_body(table: Section, name: str) -> Route:
             f"not {quote(unknown_model)}",
         )
         unknown_model = "error"
+    auth = table.string("auth", "")
+    if auth not in AUTHS:
+        table.errors.add(
+            table.sub("auth"), f'must be "keys" (named client keys), not {quote(auth)}'
+        )
+        auth = ""
     queue = table.boolean("queue", True)
     unqueued = [key for key in SHARING_KEYS if table.has(key)] if not queue else []
     route = Route(
@@ -126,6 +139,7 @@ def read_route_body(table: Section, name: str) -> Route:
         queue=queue,
         peers=table.string_list("peers"),
         keys=table.string_list("keys"),
+        auth=auth,
         priority=table.integer("priority", 0, minimum=PRIORITY_MIN, maximum=PRIORITY_MAX),
         weight=table.positive_number("weight", None, WEIGHT_MIN, WEIGHT_MAX),
         max_in_flight=table.integer("max_in_flight", None),

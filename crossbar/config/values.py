@@ -15,6 +15,7 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.testing import MemoryReactor
 
 from crossbar.config.fields import NAME, Errors, Section, quote, type_name
+from crossbar.config.keys import KeyConfig, read_keys
 from crossbar.config.redaction import redact
 from crossbar.config.route import Route, Template, check_route_links, read_routes, read_templates
 from crossbar.config.units import format_size
@@ -64,6 +65,7 @@ class ServerConfig:
     usage_raw_retention: float = 2 * _DAY  # raw rows; per-minute sums after (usage_retention)
     events_retention: float = 30 * _DAY
     metrics_routes: tuple[str, ...] = ()  # template routes labelled by name in /metrics
+    metrics_keys: tuple[str, ...] = ()  # client keys labelled by name in /metrics
     shutdown_grace: float = 30.0
     remember_ids: int = 100_000
     header_timeout: float = 10.0
@@ -136,6 +138,7 @@ class Config:
     routes: dict[str, Route]
     templates: tuple[Template, ...] = ()
     path: str = ""
+    keys: dict[str, KeyConfig] = field(factory=dict)  # `[keys.<name>]`, seeded into the store
     # Routes made from templates, by name: a request's route is looked up several times
     # (routing, the limiter, metrics labels), and making one costs ~10 µs. Bounded, for names
     # are the clients'.
@@ -207,6 +210,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         usage_raw_retention=t.duration("usage_raw_retention", d.usage_raw_retention),
         events_retention=t.duration("events_retention", d.events_retention),
         metrics_routes=t.string_list("metrics_routes", d.metrics_routes),
+        metrics_keys=t.string_list("metrics_keys", d.metrics_keys),
         shutdown_grace=t.duration("shutdown_grace", d.shutdown_grace, positive=False),
         remember_ids=t.integer("remember_ids", d.remember_ids, minimum=0),
         header_timeout=t.duration("header_timeout", d.header_timeout),
@@ -383,8 +387,9 @@ def parse_config(data: dict[str, Any], path: str = "") -> Config:
     hosts = _read_hosts(errors, top.raw("hosts", {}))
     routes = read_routes(errors, top.raw("routes", {}))
     templates = read_templates(errors, top.raw("templates", {}))
+    keys = read_keys(errors, top.raw("keys", {}))
     top.finish()
-    config = Config(server, hosts, routes, tuple(templates), path)
+    config = Config(server, hosts, routes, tuple(templates), path, keys)
     if not hosts:
         errors.add("hosts", "no hosts configured (add a [hosts.<name>] table)")
     _check_one_name_per_server(errors, hosts)
@@ -399,11 +404,27 @@ def parse_config(data: dict[str, Any], path: str = "") -> Config:
         check_route_links(errors, f"routes.{name}", route, host_models, exists)
     for template in templates:
         check_route_links(errors, f"templates.{template.name}", template.route, host_models, exists)
+    _check_key_links(errors, config)
     if server.default_route and not exists(server.default_route):
         errors.add("server.default_route", f"unknown route {quote(server.default_route)}")
     if errors:
         raise ConfigError(errors.lines)
     return config
+
+
+_GLOB = re.compile(r"[*?\[]")
+
+
+def _check_key_links(errors: Errors, config: Config) -> None:
+    """A key's route names (not globs) must be routes the config serves; `metrics_keys` must
+    be key names (a key made through the admin API may be listed too)."""
+    for name, key in config.keys.items():
+        for i, route in enumerate(key.routes):
+            if not _GLOB.search(route) and config.route(route) is None:
+                errors.add(f"keys.{name}.routes[{i}]", f"unknown route {quote(route)}")
+    for i, name in enumerate(config.server.metrics_keys):
+        if NAME.fullmatch(name) is None:
+            errors.add(f"server.metrics_keys[{i}]", f"{quote(name)} is not a key name")
 
 
 def load_config(path: str | Path) -> Config:

@@ -14,6 +14,10 @@ takes effect on `rearrange`) place it:
   and moves the line's tag on by 1 / weight. A line's tag is never taken below the virtual time,
   so a line that sat idle, or whose route sat at its cap, gets no credit for the time it
   missed: over a backlog, lines are admitted in proportion to their weights.
+- **Keys within a route**: a route's waiters of different named client keys (`tenant`) share
+  the route's admissions the same way, start-time fair queuing by the key's weight (1 unless
+  it sets one), so one key's batch cannot starve the route's other keys; waiters of one key,
+  and every waiter of a route without keys, keep arrival order.
 - **Eligibility** is the caller's (a route at its `max_in_flight` is not): within a line the
   first eligible waiter is taken, so a capped route's waiters never block anyone else's.
 
@@ -48,18 +52,84 @@ Eligible = Callable[[str], bool]
 _LineKey = str | None  # a weighted route's name, or None for the level's shared line
 
 
+class _Keys(Generic[W]):
+    """One route's waiters in a line: a FIFO per client key, shared fairly by key weight
+    (start-time fair queuing, as lines are within a level). With one key (or none) it is the
+    route's arrival order."""
+
+    __slots__ = ("_n", "_queues", "_tags", "_vtime")
+
+    def __init__(self) -> None:
+        self._queues: dict[str, deque[W]] = {}
+        self._tags: dict[str, float] = {}
+        self._vtime = 0.0
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __bool__(self) -> bool:
+        return self._n > 0
+
+    def append(self, waiter: W) -> None:
+        tenant = getattr(waiter, "tenant", "")
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = deque()
+            # A key that was idle gets no credit for the time it missed.
+            self._tags[tenant] = max(self._tags.get(tenant, 0.0), self._vtime)
+        queue.append(waiter)
+        self._n += 1
+
+    def head(self) -> W:
+        """The waiter to admit next of this route (the route has some)."""
+        if len(self._queues) == 1:
+            return next(iter(self._queues.values()))[0]
+        best: tuple[float, int, W] | None = None
+        for tenant, queue in self._queues.items():
+            tag = max(self._tags[tenant], self._vtime)
+            if best is None or (tag, queue[0].seq) < best[:2]:
+                best = (tag, queue[0].seq, queue[0])
+        assert best is not None
+        return best[2]
+
+    def popleft(self) -> W:
+        waiter = self.head()
+        tenant = getattr(waiter, "tenant", "")
+        tag = max(self._tags[tenant], self._vtime)
+        self._vtime = tag
+        self._tags[tenant] = tag + 1 / max(getattr(waiter, "tenant_weight", 1.0), 1e-3)
+        self._drop(tenant, self._queues[tenant].popleft())
+        return waiter
+
+    def remove(self, waiter: W) -> None:
+        tenant = getattr(waiter, "tenant", "")
+        self._queues[tenant].remove(waiter)
+        self._drop(tenant, waiter)
+
+    def _drop(self, tenant: str, waiter: W) -> None:
+        self._n -= 1
+        if not self._queues[tenant]:
+            del self._queues[tenant]
+            if self._tags[tenant] <= self._vtime:
+                del self._tags[tenant]
+
+
 @define
 class _Line(Generic[W]):
     weight: float
     tag: float  # the start tag of this line's next admission
-    routes: dict[str, deque[W]] = field(factory=dict)  # each in arrival order
+    routes: dict[str, _Keys[W]] = field(factory=dict)  # each shared by key, else by arrival
 
     def head(self, eligible: Eligible) -> W | None:
         """The earliest waiter of an eligible route."""
         best: W | None = None
         for name, waiters in self.routes.items():
-            if waiters and (best is None or waiters[0].seq < best.seq) and eligible(name):
-                best = waiters[0]
+            if not waiters:
+                continue
+            first = waiters.head()
+            if (best is None or first.seq < best.seq) and eligible(name):
+                best = first
         return best
 
 
@@ -106,7 +176,10 @@ class FairQueue(Generic[W]):
         if line is None:
             line = level.lines[key] = _Line(weight, level.vtime)
         line.weight = weight
-        line.routes.setdefault(waiter.route, deque()).append(waiter)
+        waiters = line.routes.get(waiter.route)
+        if waiters is None:
+            waiters = line.routes[waiter.route] = _Keys()
+        waiters.append(waiter)
         self._where[waiter] = (level, line)
         self._counts[waiter.route] += 1
 

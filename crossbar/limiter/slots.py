@@ -99,10 +99,17 @@ class Limiter:
 
     # -- the request path
 
-    def acquire(self, host: str, model: str, route: RouteLimits | None = None) -> Deferred[Release]:
+    def acquire(
+        self,
+        host: str,
+        model: str,
+        route: RouteLimits | None = None,
+        tenant: tuple[str, float] | None = None,
+    ) -> Deferred[Release]:
         """A slot: fires with its idempotent release, or fails with QueueFull / QueueTimeout.
 
-        `route` places the request in the queue (None: an anonymous route at the defaults).
+        `route` places the request in the queue (None: an anonymous route at the defaults);
+        `tenant` (a client key's name and weight) shares the route's turn with its other keys.
         Cancelling the Deferred while it waits removes the waiter from the queue; it never holds
         a slot. Once it has fired, the caller owns the release and must call it.
         """
@@ -126,6 +133,8 @@ class Limiter:
             message = f"route {name}'s queue for {model} on {host} is full (max_queued {bound})"
             return fail(RouteQueueFull(message, retry, name, bound))
         waiter = Waiter(name, next(self._arrivals), self._clock.seconds())
+        if tenant is not None:
+            waiter.tenant, waiter.tenant_weight = tenant
         waiter.deferred = Deferred(lambda _: self._leave(key, slots, waiter))
         waiter.timer = self._clock.callLater(self._queue_timeout, self._expire, key, slots, waiter)
         slots.waiters.push(waiter)

@@ -79,6 +79,8 @@ class Waiter:
     enqueued: float
     deferred: Deferred[Release] | None = None
     timer: IDelayedCall | None = None
+    tenant: str = ""  # the named client key it is for ("" none): shares its route fairly
+    tenant_weight: float = 1.0
 
 
 @define(eq=False)

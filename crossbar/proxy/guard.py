@@ -52,25 +52,27 @@ class ContextGuard:
         limit: int | None,
         chars: int,
         count: Callable[[], Awaitable[int | None]],
-    ) -> None:
+    ) -> int | None:
         """Raise 400 context_length_exceeded when a prompt of `chars` characters, counted
         exactly by the host, does not fit a slot of `limit` tokens (llama-server refuses a
         prompt of `limit` tokens or more: `n_tokens >= n_ctx` in server-context.cpp).
 
         `count` asks the host for that exact count (None when it cannot: then the host decides
-        itself). It is skipped only when the estimate is well under the limit.
+        itself). It is skipped only when the estimate is well under the limit. Returns the
+        exact count when the host counted (None otherwise).
         """
         if not limit:
-            return
+            return None
         if chars * self.ratio(model) < (1 - BAND) * limit:
-            return
+            return None
         self.exact_counts += 1
         exact = await count()
         if exact is None:
-            return  # no count, no refusal: the host will say so itself if it does not fit
+            return None  # no count, no refusal: the host will say so itself if it does not fit
         self.learn(model, chars, exact)
         if exact >= limit:  # llama-server's own rule: a prompt must leave room for one token
             self._refuse(exact, limit, host)
+        return exact
 
     def _refuse(self, tokens: int, limit: int, host: str) -> None:
         self.refused += 1

@@ -45,6 +45,14 @@ class Placement:
         self._warmth = warmth
         self._clock = clock
 
+    def expected_cached(self, call: Call, acquired: Acquired) -> int:
+        """Prompt tokens a call's host is expected to have cached: what the previous turn of
+        a reused lease left there (0 for a new lease, or one whose host evicted it)."""
+        if not acquired.reused or not call.conversation:
+            return 0
+        host = self._warmth.host(acquired.host)
+        return 0 if host is None else host.tokens_of(call.key)
+
     async def place(self, call: Call) -> Acquired:
         """The host for `call`; raises the table's LeaseError (NoHost, PinnedDown)."""
         table, key = self._table, call.key

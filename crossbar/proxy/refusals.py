@@ -3,10 +3,13 @@ where the request path meets HTTP (wire/errors.py holds the answers' shapes)."""
 
 from __future__ import annotations
 
+import math
+
 from attrs import frozen
 
 from crossbar.leases import NoHost, PinnedDown
 from crossbar.limiter import QueueFull, QueueTimeout, RouteQueueFull
+from crossbar.tenants import KeyRefused, OverLimit
 from crossbar.wire import INTERNAL, ClientError, UpstreamFailure, unavailable
 
 
@@ -19,6 +22,30 @@ class Where:
     host: str = ""
     retry_after: float = 5.0  # a hint for errors that pass when health changes
     queued: int = 0  # waiters for the host's slots, for a full queue's message
+
+
+def for_key(error: KeyRefused | OverLimit) -> ClientError:
+    """The client's answer to a key refused (401, 403) or over a limit (429), with the codes
+    OpenAI's SDKs know (Anthropic's shape takes the type: authentication_error,
+    permission_error, rate_limit_error)."""
+    if isinstance(error, OverLimit):
+        return ClientError(
+            429,
+            "rate_limit_error",
+            error.message,
+            code="rate_limit_exceeded",
+            # Rounded up: a client that waits what it is told finds the request fits.
+            headers={"Retry-After": str(max(1, math.ceil(error.retry_after)))},
+        )
+    if error.status == 403:
+        return ClientError(403, "permission_error", error.message, code="permission_error")
+    return ClientError(
+        401,
+        "authentication_error",
+        error.message,
+        code="invalid_api_key",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 def for_exception(error: Exception, where: Where) -> ClientError:

@@ -30,9 +30,16 @@ from crossbar.proxy.fingerprint import conversation
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.proxy.placement import Placement
-from crossbar.proxy.refusals import Where, for_exception
-from crossbar.proxy.routing import check_key, choose_model, resolve_route, split_route
+from crossbar.proxy.refusals import Where, for_exception, for_key
+from crossbar.proxy.routing import (
+    authenticate,
+    check_model_scope,
+    choose_model,
+    resolve_route,
+    split_route,
+)
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
+from crossbar.tenants import ClientKey, KeyRefused, OverLimit, Reservation, Tenants
 from crossbar.wire import (
     INTERNAL,
     OPENAI_CHAT,
@@ -90,6 +97,18 @@ def _noop() -> None:
     pass
 
 
+def _output_limit(call: Call) -> int | None:
+    """The output tokens a call asks for at most (its dialect's max_tokens and the like)."""
+    body = call.inbound.body
+    if not isinstance(body, dict):
+        return None
+    for name in call.dialect.output_fields:
+        value = body.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
 def _query(uri: bytes) -> str:
     """The query of a request target (after `?`, before any `#`)."""
     cut = uri.find(b"?")
@@ -115,8 +134,10 @@ class ProxyResource(Resource):
         usage: UsageRecorder,
         placement: Placement,
         gate: TurnGate | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         super().__init__()
+        self._tenants = tenants
         self._config = config
         self._clock = clock
         self._hosts = hosts
@@ -239,7 +260,15 @@ class ProxyResource(Resource):
     async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
         header = header_reader(request.requestHeaders)
         route, kind = target.route, target.kind
-        check_key(route, header("Authorization"), header("X-Api-Key"))
+        book = self._tenants.book if self._tenants is not None else None
+        try:
+            now = self._clock.seconds()
+            key = authenticate(route, book, header("Authorization"), header("X-Api-Key"), now)
+        except KeyRefused as e:
+            raise for_key(e) from None
+        if key is not None:
+            ex.key = key.name
+            request.responseHeaders.setRawHeaders(b"X-Crossbar-Key", [key.name.encode()])
         if kind is None:
             raise not_found(f"crossbar does not serve {target.method} {target.path}")
         if kind is Kind.MODELS:
@@ -251,13 +280,24 @@ class ProxyResource(Resource):
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
         call = self._understand(request, ex, target, kind)
+        try:
+            check_model_scope(key, route, call.model)
+        except KeyRefused as e:
+            raise for_key(e) from None
         if kind is not Kind.INFERENCE:
             await self._forward(request, call, ex)
             return
         gate = self._gate  # a move of the conversation may be under way
         await gate.wait_for_move(call.key)
-        with gate.in_flight(call.key):
-            await self._forward(request, call, ex)
+        charged: list[Reservation] = []
+        try:
+            with gate.in_flight(call.key):
+                await self._forward(request, call, ex, key, charged)
+        finally:
+            tokens = ex.tokens  # what was delivered, however the answer ended
+            for reservation in charged:
+                now = self._clock.seconds()
+                reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
         gate.answered(call.key, ex, call.inbound)
 
     def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
@@ -306,7 +346,14 @@ class ProxyResource(Resource):
 
     # -- the way to a host and back
 
-    async def _forward(self, request: Any, call: Call, ex: Exchange) -> None:
+    async def _forward(
+        self,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        key: ClientKey | None = None,
+        charged: list[Reservation] | None = None,
+    ) -> None:
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         removed = 0
         while True:
@@ -315,11 +362,13 @@ class ProxyResource(Resource):
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
             if call.kind is Kind.INFERENCE:
                 try:
-                    await self._check_context(call, host, ex)
+                    exact = await self._check_context(call, host, ex)
+                    if key is not None and charged is not None and not charged:
+                        charged.append(self._charge(call, key, acquired, exact))
                 except ClientError:
                     await self._placement.refused(call, acquired)  # places nothing
                     raise
-            release = await self._slot(call, host, ex)
+            release = await self._slot(call, host, ex, key)
             host_config = self._config.hosts.get(host)
             if host_config is None:  # a reload removed it while we waited
                 release()
@@ -371,28 +420,49 @@ class ProxyResource(Resource):
         except LeaseError as e:
             raise for_exception(e, self._where(call)) from None
 
-    async def _check_context(self, call: Call, host: str, ex: Exchange) -> None:
+    def _charge(
+        self, call: Call, key: ClientKey, acquired: Acquired, exact: int | None
+    ) -> Reservation:
+        """Reserve the call's expected cost against its key's limits, before it queues for a
+        slot (a key over its limit never waits behind the fleet): 429 when it does not fit.
+        The prompt is the guard's exact count, else its estimate; what the lease's previous
+        turn left on the host is expected cached."""
+        assert self._tenants is not None
+        meter = self._tenants.meter
+        prompt = exact if exact is not None else call.need
+        cached = min(prompt, self._placement.expected_cached(call, acquired))
+        estimate = meter.estimate(key, prompt, cached, _output_limit(call))
+        try:
+            return meter.admit(key, estimate, self._clock.seconds(), prompt, cached)
+        except OverLimit as e:
+            raise for_key(e) from None
+
+    async def _check_context(self, call: Call, host: str, ex: Exchange) -> int | None:
         """Refuse what cannot fit in the host's slot before anything goes upstream
-        (docs/reference.md, "Context guard")."""
+        (docs/reference.md, "Context guard"); the host's exact count of the prompt, when it
+        was asked for one."""
         host_config = self._config.hosts.get(host)
         if host_config is None:
-            return
+            return None
         body = renamed_body(call.inbound.body, self._hosts.model(host, call.model))
 
         async def count() -> int | None:
             return await self._upstream.count_tokens(host_config, call.dialect, body)
 
         limit = self._hosts.ctx(host, call.model)
-        await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
+        return await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
 
-    async def _slot(self, call: Call, host: str, ex: Exchange) -> Release:
+    async def _slot(
+        self, call: Call, host: str, ex: Exchange, key: ClientKey | None = None
+    ) -> Release:
         if call.kind is not Kind.INFERENCE:
             return _noop  # control calls take neither a slot nor a queue place
         if not call.route.queues():
             return self._limiter.track(host, call.model, call.route.limits)
         waited = self._clock.seconds()
         try:
-            return await self._limiter.acquire(host, call.model, call.route.limits)
+            tenant = None if key is None else (key.name, key.limits.weight or 1.0)
+            return await self._limiter.acquire(host, call.model, call.route.limits, tenant)
         except LimiterError as e:
             raise for_exception(e, self._where(call, host)) from None
         finally:

@@ -1,4 +1,4 @@
-"""From a client request to its route, its client key check and its model
+"""From a client request to its route, its client key and its model
 (docs/reference.md, "The request path")."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from crossbar.config import Config, Route
-from crossbar.wire import ClientError, bad_request, bearer, not_found
+from crossbar.tenants import ClientKey, KeyBook, KeyRefused
+from crossbar.wire import bad_request, bearer, not_found
 
 _ROUTE_PREFIX = re.compile(r"/r/([^/]+)(/.*)?")
 
@@ -37,24 +38,58 @@ def resolve_route(config: Config, name: str) -> Route:
     return route
 
 
-def check_key(route: Route, authorization: str | None, api_key: str | None = None) -> None:
-    """A route with `keys` needs `Authorization: Bearer <one of them>` (constant-time compare);
-    the `x-api-key` header that Anthropic's SDKs send is taken too."""
-    if not route.keys:
-        return
+def presented_key(authorization: str | None, api_key: str | None) -> str | None:
+    """The client key a request carries: `Authorization: Bearer <key>` (OpenAI's SDKs), else
+    `x-api-key` (Anthropic's)."""
     token = bearer(authorization)
     if token is None and api_key:
-        token = api_key.strip()
+        token = api_key.strip() or None
+    return token
+
+
+def authenticate(
+    route: Route,
+    book: KeyBook | None,
+    authorization: str | None,
+    api_key: str | None = None,
+    now: float = 0.0,
+) -> ClientKey | None:
+    """The named key a request brings (None: none, or one of the route's anonymous `keys`).
+
+    A named key is found by its secret in `book`; blocked, expired or rotated past its grace,
+    it is refused (401) on every route. A route that needs a key (`auth = "keys"`, or a `keys`
+    list) takes a named key whose `routes` cover it (else 403) or one of its own `keys`
+    (constant-time compare against every one); anything else is 401. On other routes a named
+    key only names the request's usage and charges its limits."""
+    token = presented_key(authorization, api_key)
+    key = book.identify(token, now) if token and book is not None and len(book) else None
+    if key is not None:
+        if route.needs_key and not key.covers_route(route.name):
+            raise KeyRefused(
+                403, f"key {key.name!r} may not use route {route.name!r}: ask the operator"
+            )
+        return key
+    if not route.needs_key:
+        return None
     given = (token or "").encode()
     found = False
-    for key in route.keys:
+    for anonymous in route.keys:
         # Compare against every key so the time taken says nothing about which one matched.
-        found |= hmac.compare_digest(given, key.encode())
+        found |= hmac.compare_digest(given, anonymous.encode())
     if not found:
-        raise ClientError(
-            401,
-            "authentication_error",
-            f"route {route.name!r} needs an API key: send Authorization: Bearer <key>",
+        raise KeyRefused(
+            401, f"route {route.name!r} needs an API key: send Authorization: Bearer <key>"
+        )
+    return None
+
+
+def check_model_scope(key: ClientKey | None, route: Route, model: str) -> None:
+    """403 when a named key may not ask for `model`."""
+    if key is not None and not key.covers_model(model):
+        raise KeyRefused(
+            403,
+            f"key {key.name!r} may not use model {model!r} (it may use "
+            f"{', '.join(key.models)}); ask the operator",
         )
 
 

@@ -124,6 +124,7 @@ class UsageRecorder:
             duration_ms=round((now - ex.started) * 1000, 3),
             lease=ex.lease,
             error=ex.error,
+            key=ex.key,
         )
 
     def _write(self, row: UsageRow) -> None:

@@ -26,17 +26,26 @@ from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store.backends import REPORT_TIMEOUT, SQLITE, STORE_TIMEOUT, Backend, backend_for
 from crossbar.store.group import GroupCommit, write_group
+from crossbar.store.keys import (
+    create_key,
+    delete_key,
+    read_keys,
+    save_key,
+    seed_keys,
+    sync_spend,
+)
 from crossbar.store.reports import Pick, top_moves_rows, usage_series_rows, usage_totals_rows
 from crossbar.store.rollups import RolledUp, roll_up
 from crossbar.store.settled import SettledRows
 from crossbar.store.setup import StoreError, check, diagnose, init_connection, migrate, shut
 from crossbar.store.writes import ChangeRow, read_changes, write_draining
+from crossbar.tenants import ClientKey
 
 __all__ = ["USAGE_GROUPS", "ChangeRow", "Store", "StoreError", "check"]
 
 T = TypeVar("T")
 
-USAGE_GROUPS = ("route", "host", "model")
+USAGE_GROUPS = ("route", "host", "model", "key")
 _LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"
 _EVENT_COLUMNS = ", ".join(a.name for a in fields(LeaseEvent))
 _USAGE_COLUMNS = ", ".join(a.name for a in fields(UsageRow))
@@ -268,6 +277,41 @@ class Store:
         # rolled_until and deletes only raw rows already summed, and the reports' queries
         # name their bounds, which move with it.
         return await self._run("rolling up usage", roll_up, self._backend, now, raw_before)
+
+    # -- client keys ---------------------------------------------------------------------------
+
+    async def list_keys(self, names: Iterable[str] | None = None) -> list[ClientKey]:
+        """Every client key (or those of `names` that exist), by name."""
+        names = None if names is None else list(names)
+        return await self._run("reading client keys", read_keys, self._backend, names)
+
+    async def seed_keys(self, seeds: list[ClientKey]) -> list[ClientKey]:
+        """Write the config's keys where their config entries changed, delete config keys the
+        config dropped (tenants.from_config, store/keys.py); every key after."""
+        args = (self._backend, self.instance, seeds)
+        return await self._run("seeding client keys", seed_keys, *args, durable=True)
+
+    async def create_key(self, key: ClientKey) -> bool:
+        """Insert a new key, durably; False when the name is taken."""
+        args = (self._backend, self.instance, key)
+        return await self._run("creating a client key", create_key, *args, durable=True)
+
+    async def save_key(self, key: ClientKey) -> None:
+        """Write a changed key (blocked, unblocked, rotated), durably."""
+        args = (self._backend, self.instance, key)
+        await self._run("saving a client key", save_key, *args, durable=True)
+
+    async def delete_key(self, name: str) -> bool:
+        """Delete a key, durably; False when there was none."""
+        args = (self._backend, self.instance, name)
+        return await self._run("deleting a client key", delete_key, *args, durable=True)
+
+    async def sync_spend(
+        self, rows: list[tuple[str, str, float, float]], periods: list[str]
+    ) -> dict[tuple[str, str], float]:
+        """Write this instance's spending per (key, period) and read the others'."""
+        args = (self._backend, self.instance, rows, periods)
+        return await self._run("syncing key spending", sync_spend, *args)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 

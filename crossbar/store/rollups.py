@@ -28,7 +28,9 @@ class RolledUp:
     caught_up: bool
 
 
-_COLUMNS = "route, host, model, requests, errors, prompt_tokens, cached_tokens, completion_tokens"
+_COLUMNS = (
+    "route, host, model, key, requests, errors, prompt_tokens, cached_tokens, completion_tokens"
+)
 _ADD = ", ".join(
     f"{c} = {{table}}.{c} + excluded.{c}"
     for c in ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
@@ -63,9 +65,9 @@ def roll_up(txn: Transaction, backend: Backend, now: float, raw_before: float) -
         txn.execute(
             backend.sql(
                 f"INSERT INTO usage_minutes (minute, {_COLUMNS}) "
-                f"SELECT {minute} AS m, route, host, model, {sums} "
-                "FROM usage WHERE at >= ? AND at < ? GROUP BY m, route, host, model "
-                "ON CONFLICT (minute, route, host, model) DO UPDATE SET "
+                f"SELECT {minute} AS m, route, host, model, key, {sums} "
+                "FROM usage WHERE at >= ? AND at < ? GROUP BY m, route, host, model, key "
+                "ON CONFLICT (minute, route, host, model, key) DO UPDATE SET "
                 + _ADD.format(table="usage_minutes")
             ),
             (rolled_until, cutoff),
@@ -82,11 +84,11 @@ def roll_up(txn: Transaction, backend: Backend, now: float, raw_before: float) -
         txn.execute(
             backend.sql(
                 f"INSERT INTO usage_hours (hour, {_COLUMNS}) "
-                f"SELECT {hour} AS h, route, host, model, SUM(requests), SUM(errors), "
+                f"SELECT {hour} AS h, route, host, model, key, SUM(requests), SUM(errors), "
                 "SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens) "
                 "FROM usage_minutes WHERE minute >= ? AND minute < ? "
-                "GROUP BY h, route, host, model "
-                "ON CONFLICT (hour, route, host, model) DO UPDATE SET "
+                "GROUP BY h, route, host, model, key "
+                "ON CONFLICT (hour, route, host, model, key) DO UPDATE SET "
                 + _ADD.format(table="usage_hours")
             ),
             (hours_until, hour_cutoff),

@@ -1,7 +1,8 @@
 """`crossbar migrate-store FROM TO`: copy a stopped crossbar's store to another database.
 
 The usual move is from the SQLite file of one instance to PostgreSQL, to run several. Leases
-and pins, draining hosts, lease events and usage rows are copied, in their order, into an
+and pins, draining hosts, lease events, usage rows and sums, client keys and what they spent
+are copied, in their order, into an
 empty store whose schema is created first; all of it is one transaction on TO, so a failed
 copy leaves TO as empty as it was. FROM is only read. The change log and the instances'
 heartbeats are not copied: they describe running instances, and there must be none (a lease
@@ -31,6 +32,11 @@ class _Table:
     order: str  # the order rows are copied in (events and usage keep theirs)
     label: str
     since: int = 1  # the schema version that made the table
+    added: tuple[tuple[str, int], ...] = ()  # columns later versions added, with the version
+
+    def columns_at(self, version: int) -> tuple[str, ...]:
+        """The columns a source at schema `version` has."""
+        return self.columns + tuple(c for c, since in self.added if version >= since)
 
 
 _TABLES = (
@@ -41,13 +47,19 @@ _TABLES = (
            "id", "lease events"),
     _Table("usage", ("at", "route", "fp", "model", "host", "path", "status", "stream",
                      "prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms",
-                     "ttfb_ms", "duration_ms", "lease", "error"), "id", "usage rows"),
+                     "ttfb_ms", "duration_ms", "lease", "error"), "id", "usage rows",
+           added=(("key", 5),)),
     _Table("usage_minutes", ("minute", "route", "host", "model", "requests", "errors",
                              "prompt_tokens", "cached_tokens", "completion_tokens"),
-           "minute, route, host, model", "per-minute usage sums", since=3),
+           "minute, route, host, model", "per-minute usage sums", since=3, added=(("key", 5),)),
     _Table("usage_hours", ("hour", "route", "host", "model", "requests", "errors",
                            "prompt_tokens", "cached_tokens", "completion_tokens"),
-           "hour, route, host, model", "per-hour usage sums", since=3),
+           "hour, route, host, model", "per-hour usage sums", since=3, added=(("key", 5),)),
+    _Table("client_keys", ("name", "sha256", "old_sha256", "old_until", "routes", "models",
+                           "expires", "blocked", "limits", "created", "source", "seed"),
+           "name", "client keys", since=5),
+    _Table("key_spend", ("key", "period", "instance", "spent", "starts"),
+           "key, period, instance", "key spending rows", since=5),
 )  # fmt: skip
 
 
@@ -134,7 +146,7 @@ def _copy(src: _Conn, source: str, dst: _Conn, target: str) -> list[str]:
                     "into an empty store only"
                 )
         (version,) = src.one("SELECT version FROM schema_version")
-        counts = [(t, _copy_table(src, dst, t)) for t in _TABLES if version >= t.since]
+        counts = [(t, _copy_table(src, dst, t, version)) for t in _TABLES if version >= t.since]
         if version >= 3:  # how far the sums reach, and from when raw rows are kept
             bounds = src.one("SELECT rolled_until, hours_until, raw_from FROM usage_rollup")
             cur = dst.conn.cursor()
@@ -153,11 +165,12 @@ def _copy(src: _Conn, source: str, dst: _Conn, target: str) -> list[str]:
     return lines
 
 
-def _copy_table(src: _Conn, dst: _Conn, table: _Table) -> int:
-    columns = ", ".join(table.columns)
+def _copy_table(src: _Conn, dst: _Conn, table: _Table, version: int) -> int:
+    names = table.columns_at(version)
+    columns = ", ".join(names)
     read = src.conn.cursor()
     read.execute(f"SELECT {columns} FROM {table.name} ORDER BY {table.order}")
-    marks = ", ".join("?" for _ in table.columns)
+    marks = ", ".join("?" for _ in names)
     insert = dst.backend.sql(f"INSERT INTO {table.name} ({columns}) VALUES ({marks})")
     write = dst.conn.cursor()
     copied = 0

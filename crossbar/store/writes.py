@@ -92,7 +92,7 @@ def write_change(
     at = max([e.at for e in change.events] + [x.last_used for x in change.save] + [0.0])
     logged = [(x.key, x.host, x.state.value, x.created, x.last_used) for x in change.save]
     logged += [(key, "", "", 0.0, 0.0) for key in deleted]
-    last = _log(txn, backend, instance, "lease", logged, at)
+    last = log_changes(txn, backend, instance, "lease", logged, at)
     return Written(kept=frozenset(kept), change_id=last)
 
 
@@ -145,7 +145,7 @@ def _current(txn: Transaction, backend: Backend, key: Key) -> Lease | None:
     return Lease(Key(route, fp, model), host, _STATES[state], created, last_used)
 
 
-def _log(
+def log_changes(
     txn: Transaction,
     backend: Backend,
     instance: str,
@@ -185,7 +185,7 @@ def write_draining(
     txn.execute(f"SELECT {backend.epoch_now}")
     (now,) = txn.fetchone()
     row = (Key(name, "", ""), name if draining else "", "draining" if draining else "", 0.0, 0.0)
-    _log(txn, backend, instance, "drain", [row], now)
+    log_changes(txn, backend, instance, "drain", [row], now)
 
 
 def read_changes(txn: Transaction, backend: Backend, after: int, limit: int) -> list[ChangeRow]:

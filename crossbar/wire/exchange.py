@@ -26,3 +26,4 @@ class Exchange:
     first_byte: float | None = None  # clock seconds of the first answer byte
     tokens: Tokens = field(factory=Tokens)
     error: str = ""
+    key: str = ""  # the named client key that sent it ("" none)

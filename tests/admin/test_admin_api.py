@@ -199,7 +199,7 @@ async def test_usage_totals_by_route_host_and_model_with_the_cache_hit_ratio(cro
     assert [r["host"] for r in (await crossbar.get("/api/usage?by=host"))["usage"]] == ["titan"]
     assert [r["model"] for r in (await crossbar.get("/api/usage?by=model"))["usage"]] == [MODEL]
     code, body, _ = await crossbar.call("GET", "/api/usage?by=fp")
-    assert code == 400 and "must be one of route, host, model" in body["error"]["message"]
+    assert code == 400 and "must be one of route, host, model, key" in body["error"]["message"]
 
 
 @pytest_twisted.ensureDeferred

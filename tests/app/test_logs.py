@@ -91,3 +91,16 @@ def test_the_json_observer_writes_one_parseable_record_per_event(capsys):
     records = [json.loads(r) for r in out.split("\x1e") if r.strip()]
     assert records[0]["who"] == "operator"
     assert records[0]["log_namespace"] == "crossbar.request"
+
+
+def test_a_named_keys_request_line_names_the_key():
+    events = []
+    globalLogPublisher.addObserver(events.append)
+    try:
+        row = UsageRow(0, "team", "f", "qwen-coder", "titan", "/v1/chat/completions", 429,
+                       False, key="ci", error="key 'ci' is over its limit")  # fmt: skip
+        log_request(row)
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    (line,) = [formatEvent(e) for e in events if e.get("log_namespace") == "crossbar.request"]
+    assert line.endswith("tokens=0/0/0 key=ci error=\"key 'ci' is over its limit\"")

@@ -27,7 +27,15 @@ async def crossbar():
 CASES = [
     ("POST", "/r/nope/v1/chat/completions", {}, CHAT, 404, "not_found_error", 404),
     ("POST", "/v1/chat/completions", {}, CHAT, 404, "not_found_error", 404),
-    ("POST", "/r/locked/v1/chat/completions", {}, CHAT, 401, "authentication_error", 401),
+    (
+        "POST",
+        "/r/locked/v1/chat/completions",
+        {},
+        CHAT,
+        401,
+        "authentication_error",
+        "invalid_api_key",
+    ),
     (
         "POST",
         "/r/locked/v1/chat/completions",
@@ -35,7 +43,7 @@ CASES = [
         CHAT,
         401,
         "authentication_error",
-        401,
+        "invalid_api_key",
     ),
     ("POST", "/r/convo/v1/chat/completions", {}, b"{not json", 400, "invalid_request_error", 400),
     ("POST", "/r/convo/v1/chat/completions", {}, b"[1, 2]", 400, "invalid_request_error", 400),

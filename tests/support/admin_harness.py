@@ -38,6 +38,7 @@ def write_config(
     server: dict[str, Any] | None = None,
     templates: dict[str, Any] | None = None,
     hosts: dict[str, Any] | None = None,
+    keys: dict[str, Any] | None = None,
 ) -> Path:
     data: dict[str, Any] = {
         "server": {
@@ -52,6 +53,8 @@ def write_config(
     }
     if templates:
         data["templates"] = templates
+    if keys:
+        data["keys"] = keys
     path.write_text(toml(data))
     return path
 

@@ -28,12 +28,13 @@ class Fleet:
     server: dict[str, Any]
     hosts: dict[str, Any] | None
     instances: list[Running]
+    keys: dict[str, Any] | None = None
 
     async def add(self) -> Running:
         """One more instance on the same store."""
         path = self.tmp / f"crossbar-{len(self.instances)}.toml"
         server = {"db": self.db, **self.server}
-        write_config(path, self.fakes, self.routes, server=server, hosts=self.hosts)
+        write_config(path, self.fakes, self.routes, server=server, hosts=self.hosts, keys=self.keys)
         running = await start_service(path, {})  # the fakes belong to the fleet
         self.instances.append(running)
         return running
@@ -53,10 +54,11 @@ async def start_fleet(
     n: int = 2,
     server: dict[str, Any] | None = None,
     hosts: dict[str, Any] | None = None,
+    keys: dict[str, Any] | None = None,
 ) -> Fleet:
     """`n` instances on the store `db`; each has seen the others' heartbeats."""
     server = {"health_interval": "500ms", **(server or {})}
-    fleet = Fleet(tmp, db, fakes, routes, server, hosts, [])
+    fleet = Fleet(tmp, db, fakes, routes, server, hosts, [], keys)
     for _ in range(n):
         await fleet.add()
     await everyone_beats(fleet)

@@ -87,12 +87,14 @@ async def start_crossbar(
     routes: dict[str, Any],
     server: dict[str, Any] | None = None,
     hosts: dict[str, Any] | None = None,
+    keys: dict[str, Any] | None = None,
     **host_extra: Any,
 ) -> Crossbar:
     data = {
         "server": {"db": ":memory:", **(server or {})},
         "hosts": hosts or host_table(fakes, **host_extra),
         "routes": routes,
+        "keys": keys or {},
     }
     config = parse_config(data)
     parts = await build_parts(config, reactor)

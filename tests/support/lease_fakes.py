@@ -49,6 +49,7 @@ class MemoryStore:
     fail: bool = False  # every write raises while set
     closed: bool = False
     durable: list[bool] = field(factory=list)  # each write: asked to be durable?
+    keys: dict[str, Any] = field(factory=dict)
 
     async def list_draining(self) -> set[str]:
         return set(self.draining)
@@ -135,6 +136,30 @@ class MemoryStore:
 
     async def forget_instance(self, instance: str) -> None:
         pass
+
+    # Client keys, in memory: the config's seeded, nothing shared.
+
+    async def list_keys(self, names: Iterable[str] | None = None) -> list:
+        wanted = None if names is None else set(names)
+        return [k for n, k in sorted(self.keys.items()) if wanted is None or n in wanted]
+
+    async def seed_keys(self, seeds: list) -> list:
+        for name in [n for n, k in self.keys.items() if k.source == "config"]:
+            del self.keys[name]
+        self.keys.update({k.name: k for k in seeds})
+        return await self.list_keys()
+
+    async def create_key(self, key: Any) -> bool:
+        return self.keys.setdefault(key.name, key) is key
+
+    async def save_key(self, key: Any) -> None:
+        self.keys[key.name] = key
+
+    async def delete_key(self, name: str) -> bool:
+        return self.keys.pop(name, None) is not None
+
+    async def sync_spend(self, rows: list, periods: list) -> dict:
+        return {}
 
 
 @define

@@ -303,6 +303,7 @@ def start(
     routes: dict[str, Any],
     hosts: tuple[str, ...] = ("titan", "atlas"),
     parallel: int = 2,
+    keys: dict[str, Any] | None = None,
     **server: Any,
 ) -> Crossbar:
     """crossbar with `hosts` (`parallel` slots each) on a new in-memory net."""
@@ -315,6 +316,7 @@ def start(
                 for h in hosts
             },
             "routes": routes,
+            "keys": keys or {},
         }
     )
     store = MemoryStore()

@@ -214,6 +214,27 @@ function renderUsage(busiest, worst) {
   $("cache-hit").textContent = prompt ? `cache hit ${pct(cached / prompt)} of ${num(prompt)} prompt tokens` : "";
 }
 
+// The keys that spent most in the window, with their budgets and the limits they hit.
+function renderKeys(keys, usage) {
+  const byName = new Map(keys.map((k) => [k.name, k]));
+  const of = (used, limit) => (limit ? `${num(Math.round(used))} / ${num(limit)}` : num(Math.round(used)));
+  const rows = usage.filter((u) => u.key).map((u) => {
+    const k = byName.get(u.key) || { limits: {}, used: {}, blocked: false, expired: false };
+    const used = k.used || {};
+    const limited = Object.entries(used.limited || {}).map(([n, c]) => `${n} ${c}`).join(", ");
+    return el("tr", { "data-key": u.key }, td(u.key),
+      td(k.blocked ? "blocked" : k.expired ? "expired" : "ok", k.blocked || k.expired ? "bad" : null),
+      td(num(u.requests), "num"),
+      td(num((u.prompt_tokens || 0) + (u.completion_tokens || 0)), "num"),
+      td(of(used.tokens_today || 0, k.limits.tokens_per_day), "num"),
+      td(of(used.tokens_this_month || 0, k.limits.tokens_per_month), "num"),
+      td(limited || "–", limited ? "bad" : null));
+  });
+  fill("keys", ["key", "state", "requests", "tokens", "tokens today / budget",
+                "tokens this month / budget", "limits hit"], rows, "no key sent a request in this window");
+  $("key-count").textContent = rows.length ? `the ${rows.length} busiest in the window` : "";
+}
+
 function renderMoves(moves) {
   fill("moves", ["route", "fp", "model", "moves", "last moved"], moves.map((m) =>
     el("tr", { "data-lease": `${m.route}/${m.fp}/${m.model}` }, td(m.route),
@@ -320,7 +341,8 @@ async function refreshOnce() {
   const f = filters();
   fetched = 0;
   try {
-    const [status, hosts, routes, leases, events, busiest, worst, moves, series, instances] =
+    const [status, hosts, routes, leases, events, busiest, worst, moves, series, instances,
+           keyUsage] =
       await Promise.all([
         api("GET", "/api/status"), api("GET", "/api/hosts"), api("GET", `/api/routes?${f.routes}`),
         api("GET", `/api/leases?${f.leases}`), api("GET", "/api/events?limit=25"),
@@ -328,11 +350,17 @@ async function refreshOnce() {
         api("GET", `/api/usage?by=route&${since}&sort=cache_hit_ratio&limit=${PAGE.top}`),
         api("GET", `/api/moves?${since}&limit=${PAGE.top}`),
         api("GET", `/api/usage/series?${since}&bucket=${bucket}s&top=8`),
-        api("GET", "/api/instances")]);
+        api("GET", "/api/instances"),
+        api("GET", `/api/usage?by=key&${since}&sort=requests&limit=${PAGE.top}`)]);
+    // Only the top keys' limits and budgets: a fleet may have thousands of keys.
+    const top = keyUsage.usage.map((u) => u.key).filter((k) => k);
+    const keys = top.length
+      ? await api("GET", `/api/keys?names=${top.map(encodeURIComponent).join(",")}`)
+      : { keys: [] };
     renderTotals(status, routes, busiest.usage); renderHosts(hosts.hosts);
     renderRoutes(routes); renderLeases(leases); renderEvents(events.events);
     renderUsage(busiest.usage, worst.usage); renderMoves(moves.moves); renderChart(series);
-    renderInstances(instances);
+    renderInstances(instances); renderKeys(keys.keys, keyUsage.usage);
     refreshes += 1;
     const body = document.body.dataset;
     if (refreshes === 1) body.firstPaintMs = String(Math.round(performance.now()));
