@@ -178,7 +178,6 @@ async def test_usage_by_key_and_metrics_name_keys_only_as_the_operator_lists_the
     _, made, _ = await crossbar.call("POST", "/api/keys", {"name": "ci", "routes": ["team"]})
     for secret in (DEV, DEV, made["secret"]):
         assert await status_of(crossbar, secret) == 200
-    await crossbar.parts.usage.close()
     usage = await crossbar.get("/api/usage?by=key")
     assert [(u["key"], u["requests"]) for u in usage["usage"]] == [("ci", 1), ("dev", 2)]
     code, metrics, _ = await crossbar.call("GET", "/metrics")
