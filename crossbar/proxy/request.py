@@ -112,6 +112,40 @@ class HeldBody:
             self._held = 0
 
 
+class HoldsBody:
+    """What the channel calls as a body arrives, for both ports' requests: each declared
+    length taken from the sites' `BodyMemory` first, the bytes kept in a `HeldBody`, and a
+    body over a bound refused at once on the raw connection."""
+
+    _body: HeldBody
+    _refused = False
+    channel: Any
+
+    def chunk_declared(self, length: int) -> bool:
+        """The next chunk of the body has `length` bytes; False when that refused the body."""
+        return self._declare(length)
+
+    def _declare(self, length: int) -> bool:
+        site = self.channel.site
+        refused = self._body.declare(length, site.max_body, site.memory)
+        if refused is not None:
+            self._refuse(*refused)
+            return False
+        return True
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if not self._refused:
+            self._body.parts.append(data)
+
+    def _refuse(self, error: ClientError, why: str) -> None:
+        """Answer `error` at once on the raw connection and close it: the rest of the body is
+        never read, and what it held is given back."""
+        self._refused = True
+        self._body.release()
+        self._body.parts = []
+        self.channel.refuse(error, why, self)
+
+
 class _Dates:
     """The Date header's value, formatted once a second."""
 
@@ -130,7 +164,7 @@ class _Dates:
 _DATES = _Dates()
 
 
-class ProxyRequest:
+class ProxyRequest(HoldsBody):
     """One request on the proxy port, as the proxy's Resource and relay use it."""
 
     method = b""
@@ -162,22 +196,6 @@ class ProxyRequest:
     def gotLength(self, length: int | None) -> None:
         if length is not None:
             self._declare(length)
-
-    def chunk_declared(self, length: int) -> bool:
-        """The next chunk of the body has `length` bytes; False when that refused the body."""
-        return self._declare(length)
-
-    def _declare(self, length: int) -> bool:
-        site = self.channel.site
-        refused = self._body.declare(length, site.max_body, site.memory)
-        if refused is not None:
-            self._refuse(*refused)
-            return False
-        return True
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if not self._refused:
-            self._body.parts.append(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
@@ -304,11 +322,3 @@ class ProxyRequest:
     def loseConnection(self) -> None:
         if self.channel is not None:
             self.channel.loseConnection()
-
-    def _refuse(self, error: ClientError, why: str) -> None:
-        """Answer `error` at once on the raw connection and close it: the rest of the body is
-        never read, and what it held is given back."""
-        self._refused = True
-        self._body.release()
-        self._body.parts = []
-        self.channel.refuse(error, why, self)

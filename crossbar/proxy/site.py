@@ -21,7 +21,7 @@ from twisted.web.server import Request, Site
 from crossbar.config import Config
 from crossbar.proxy import cors
 from crossbar.proxy.channel import ProxyChannel
-from crossbar.proxy.request import BodyMemory, HeldBody, ProxyRequest
+from crossbar.proxy.request import BodyMemory, HeldBody, HoldsBody, ProxyRequest
 from crossbar.proxy.routing import split_route
 from crossbar.wire import (
     ClientError,
@@ -54,61 +54,35 @@ class _Answer:
     responseHeaders: RawHeaders  # the name Request gives them
 
 
-class BoundedRequest(Request):
+class BoundedRequest(HoldsBody, Request):
     """twisted.web's Request (the admin API's, for Klein) with its body bounded as the proxy's
     is (request.py `HeldBody`): refused (413, 503) before the bytes over the bound are read,
     kept in memory (the bounds bound it) where twisted.web would spool it to a file."""
-
-    _refused = False
 
     def headers_received(self, pairs: list[tuple[bytes, bytes]]) -> None:
         self.requestHeaders = request_headers(pairs)
 
     def gotLength(self, length: int | None) -> None:
-        self._held = HeldBody()
+        self._body = HeldBody()
         if length is not None:
             self._declare(length)
-
-    def chunk_declared(self, length: int) -> bool:
-        """The next chunk of the body has `length` bytes; False when that refused the body."""
-        return self._declare(length)
-
-    def _declare(self, length: int) -> bool:
-        site = self.channel.site
-        refused = self._held.declare(length, site.max_body, site.memory)
-        if refused is not None:
-            self._refuse(*refused)
-            return False
-        return True
-
-    def handleContentChunk(self, data: bytes) -> None:
-        if not self._refused:
-            self._held.parts.append(data)
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self._refused:
             return
-        self.content = io.BytesIO(self._held.content())
+        self.content = io.BytesIO(self._body.content())
         self.content.seek(0, 2)  # twisted.web reads the length from where the body ends
         super().requestReceived(command, path, version)
 
     def finish(self) -> None:
-        self._held.release()
+        self._body.release()
         super().finish()
 
     def connectionLost(self, reason: Any) -> None:
-        held = getattr(self, "_held", None)
-        if held is not None:
-            held.release()
+        body = getattr(self, "_body", None)
+        if body is not None:
+            body.release()
         super().connectionLost(reason)
-
-    def _refuse(self, error: ClientError, why: str) -> None:
-        """Answer `error` at once on the raw connection and close it: the rest of the body is
-        never read, and what it held is given back."""
-        self._refused = True
-        self._held.release()
-        self._held.parts = []
-        self.channel.refuse(error, why, self)
 
 
 class BoundedSite(Site):
