@@ -3,6 +3,8 @@ usage row is made from (proxy/usage.py), written by the proxy and by prewarms.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from attrs import define, field
 
 from crossbar.wire.meter import Tokens
@@ -26,3 +28,5 @@ class Exchange:
     first_byte: float | None = None  # clock seconds of the first answer byte
     tokens: Tokens = field(factory=Tokens)
     error: str = ""
+    # The request's spans (tracing.RequestTrace) when tracing is on; None costs nothing.
+    trace: Any = None
