@@ -71,6 +71,8 @@ class Crossbar:
             await pool.closeCachedConnections()
         await self.port.stopListening()
         await self.parts.upstream.close()
+        if self.parts.tracing is not None:
+            await self.parts.tracing.close()
         self.parts.handoff.close()
         await self.parts.hosts.stop()
         await self.parts.store.close()
@@ -87,6 +89,7 @@ async def start_crossbar(
     routes: dict[str, Any],
     server: dict[str, Any] | None = None,
     hosts: dict[str, Any] | None = None,
+    tracing: dict[str, Any] | None = None,
     **host_extra: Any,
 ) -> Crossbar:
     data = {
@@ -94,6 +97,8 @@ async def start_crossbar(
         "hosts": hosts or host_table(fakes, **host_extra),
         "routes": routes,
     }
+    if tracing is not None:
+        data["tracing"] = tracing
     config = parse_config(data)
     parts = await build_parts(config, reactor)
     sites = make_sites(config, parts, reload=_no_reload)
