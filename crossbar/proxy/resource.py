@@ -475,4 +475,4 @@ class ProxyResource(Resource):
             ex.first_byte, ex.tokens = relay.first_byte, relay.tokens
             ex.error = relay.error or ex.error
             if trace is not None:
-                trace.answered(ex, getattr(relay, "kept", None))
+                trace.answered(ex, getattr(relay, "kept", None), relay.error)

@@ -172,8 +172,16 @@ class Tracing:
             attributes.update(genai.input_contents(inbound.body))
         return self.start(f"{operation} {model}", parent, SpanKind.CLIENT, attributes, links)
 
-    def answered(self, span: Span, ex: Exchange, sent: float, answer: bytes | None = None) -> None:
-        """End an upstream attempt's span once its answer was relayed (or cut)."""
+    def answered(
+        self,
+        span: Span,
+        ex: Exchange,
+        sent: float,
+        answer: bytes | None = None,
+        cut: str | None = None,
+    ) -> None:
+        """End an upstream attempt's span once its answer was relayed (or `cut`: why it
+        ended early, "" when it did not; None: what `ex.error` says)."""
         if not span.is_recording():
             span.end(_ns(self._clock.seconds()))
             return
@@ -191,10 +199,11 @@ class Tracing:
         if answer:
             attributes.update(genai.output_contents(answer, ex.stream))
         error = ""
+        why = ex.error if cut is None else cut  # an earlier attempt's failure is not this one's
         if ex.status >= 400:
             error = str(ex.status)
-        elif ex.error:
-            error = _error_type(ex.error)
+        elif why:
+            error = _error_type(why)
         self.end(span, attributes, error)
 
     # -- crossbar's own moves
@@ -327,11 +336,11 @@ class RequestTrace:
             attributes = {"http.response.status_code": status} if status else None
             self._tracing.end(span, attributes, error)
 
-    def answered(self, ex: Exchange, answer: bytes | None = None) -> None:
-        """The attempt under way was relayed (whole or cut)."""
+    def answered(self, ex: Exchange, answer: bytes | None, cut: str) -> None:
+        """The attempt under way was relayed, whole or `cut` (why: "" when it was not)."""
         span, self.client = self.client, None
         if span is not None:
-            self._tracing.answered(span, ex, self.sent, answer)
+            self._tracing.answered(span, ex, self.sent, answer, cut)
 
     def finish(self, ex: Exchange, status: int) -> None:
         """End the SERVER span: the answer's status, the host and lease that served it."""

@@ -83,8 +83,9 @@ def context_of(traceparent: str) -> tuple[str, str, bool]:
     return trace_id, span_id, bool(int(flags, 16) & 1)
 
 
-def upstream_traceparents(crossbar: Crossbar, path: str) -> list[str]:
-    seen = crossbar.fakes["titan"].counters.seen
+def upstream_traceparents(crossbar: Crossbar, path: str, host: str = "titan") -> list[str]:
+    """The traceparents `host` (a fake) was sent on `path`, oldest first."""
+    seen = crossbar.fakes[host].counters.seen
     return [
         values[-1].decode()
         for p, headers in seen
@@ -451,3 +452,39 @@ async def test_with_tracing_off_nothing_is_built_and_the_callers_traceparent_pas
     assert not [t for t in threading.enumerate() if t.name == "crossbar-traces"]
     assert upstream_traceparents(crossbar, "/v1/chat/completions") == [caller]
     assert "gen_ai_client" not in metrics and "crossbar_trace_spans" not in metrics
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_refused_connection_is_a_failed_attempt_and_the_lease_span_says_it_moved(
+    receiver,
+):
+    fakes = await start_fakes("titan", "atlas")
+    routes = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+    crossbar = await start_crossbar(fakes, routes, tracing={"endpoint": receiver.endpoint})
+    try:
+        await in_thread(chat(crossbar))  # the conversation's lease: titan, first in order
+        fakes["titan"].faults.refuse = True
+        await fakes["titan"].settle()
+        answer = await in_thread(chat(crossbar, traceparent=f"00-{TRACE}-{PARENT}-01"))
+        spans = await spans_of(receiver, crossbar, TRACE, 7)
+    finally:
+        await crossbar.stop()
+    assert answer.choices[0].message.content
+    server = one(spans, "POST /r/{route}/v1/chat/completions")
+    assert server.attributes["crossbar.host"] == "atlas" and server.status == 0
+    leases = sorted((s for s in spans if s.name == "crossbar.lease"), key=lambda s: s.start_ns)
+    assert [(s.attributes["crossbar.lease"], s.attributes["crossbar.host"]) for s in leases] == [
+        ("reused", "titan"),
+        ("moved", "atlas"),
+    ]
+    assert leases[1].attributes["crossbar.lease.reason"] == "unhealthy"
+    assert leases[1].attributes["crossbar.lease.from"] == "titan"
+    attempts = sorted((s for s in spans if s.kind == "CLIENT"), key=lambda s: s.start_ns)
+    assert [(s.attributes["crossbar.host"], s.attributes.get("error.type")) for s in attempts] == [
+        ("titan", "refused"),
+        ("atlas", None),
+    ]
+    assert attempts[0].status == 2  # the failed attempt is an error; the request is not
+    assert upstream_traceparents(crossbar, "/v1/chat/completions", "atlas") == [
+        f"00-{TRACE}-{attempts[1].span_id}-01"
+    ]
