@@ -1,6 +1,7 @@
 """Benchmark crossbar's overhead: one fake llama-server hit directly and through crossbar.
 
     .venv/bin/python bench/overhead.py [--duration 5] [--warmup 1] [--concurrency 1,32] [--json]
+                                       [--trace-to none|sink|hang|refuse]
 
 Starts `crossbar-fakellama` (64 slots, no token delay, a short reply) and crossbar under twistd
 (one route in front of that fake, 64 slots, a temporary db) as processes of their own, then, for
@@ -9,13 +10,17 @@ to back for `--duration` seconds after a discarded `--warmup`, first straight to
 through crossbar. Each worker is a conversation of its own (its own first user message), so
 crossbar keeps one lease per worker, as with real clients. Prints requests/s, latency (whole
 answer) and time to first body byte, each with crossbar/direct ratios, and the CPU each process
-used during the measured window (in % of one core).
+used during the measured window (in % of one core). `--trace-to` turns crossbar's `[tracing]` on,
+its spans going to a collector that takes them (`sink`, a process of its own answering every
+export), one that never answers (`hang`: a socket that listens and never accepts) or a port
+nobody listens on (`refuse`); `none`, the default, leaves tracing off.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import socket
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -58,6 +63,27 @@ ctx = 8192
 hosts = ["fake"]
 default_model = "{model}"
 affinity = "conversation"
+{tracing}"""
+TRACING = """
+[tracing]
+endpoint = "{endpoint}"
+timeout = "2s"
+"""
+# A collector that takes every export and answers it, as fast as Python's http.server can.
+SINK = """\
+import http.server, sys
+class Sink(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink)
+print("sink listening", flush=True)
+server.serve_forever()
 """
 
 
@@ -246,8 +272,31 @@ def report(results: list[Result], as_json: bool) -> None:
             print(f"first error of {r.target} c{r.concurrency} {r.mode}: {r.first_error}")
 
 
+def collector(processes: Processes, trace_to: str, held: list[socket.socket]) -> str:
+    """The `[tracing]` table for `--trace-to` ("" for none); a hanging socket goes to `held`,
+    to stay open while the bench runs."""
+    if trace_to == "none":
+        return ""
+    if trace_to == "hang":
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(1024)  # never accepted: every export waits for its timeout
+        held.append(listening)
+        port = listening.getsockname()[1]
+    else:
+        (port,) = free_ports(1)  # "refuse": nothing listens there
+        if trace_to == "sink":
+            sink = processes.start("sink", [sys.executable, "-c", SINK, str(port)])
+            wait_for_line(sink, r"sink listening", time.monotonic() + START_SECONDS)
+    return TRACING.format(endpoint=f"http://127.0.0.1:{port}/v1/traces")
+
+
 def start(
-    processes: Processes, work: Path, reply_tokens: int, handoff_store: str = "0"
+    processes: Processes,
+    work: Path,
+    reply_tokens: int,
+    handoff_store: str = "0",
+    tracing: str = "",
 ) -> tuple[dict[str, str], Process]:
     """Start the fake, then crossbar in front of it; their URLs once crossbar answers."""
     fake = processes.start(
@@ -271,6 +320,7 @@ def start(
             model=MODEL,
             slots=SLOTS,
             handoff_store=handoff_store,
+            tracing=tracing,
         )
     )
     twistd = command("twistd")
@@ -292,6 +342,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--handoff-store", default="0", help='crossbar\'s server.handoff_store ("1GiB": on)'
     )
+    p.add_argument(
+        "--trace-to",
+        choices=("none", "sink", "hang", "refuse"),
+        default="none",
+        help="crossbar's [tracing]: off, or spans to a collector that takes, hangs or refuses",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     args = p.parse_args(argv)
     try:
@@ -308,8 +364,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     progress = sys.stderr if args.json else sys.stdout
 
+    held: list[socket.socket] = []
+
     def body(processes: Processes, work: Path) -> int:
-        urls, fake = start(processes, work, args.reply_tokens, args.handoff_store)
+        tracing = collector(processes, args.trace_to, held)
+        urls, fake = start(processes, work, args.reply_tokens, args.handoff_store, tracing)
         proxy = processes.started[-1]
         print(
             f"fake at {urls['direct']}, crossbar at {urls['crossbar']}", file=progress, flush=True

@@ -3,6 +3,7 @@ actions that steer crossbar, each durable before it is acknowledged.
 """
 
 from crossbar.admin.api import MAX_BODY, Admin, AdminParts
+from crossbar.admin.genai import GenAIMetrics
 from crossbar.admin.metrics import Metrics
 
-__all__ = ["MAX_BODY", "Admin", "AdminParts", "Metrics"]
+__all__ = ["MAX_BODY", "Admin", "AdminParts", "GenAIMetrics", "Metrics"]

@@ -242,6 +242,10 @@ class Metrics:
         if event.from_host and event.to_host and event.model:  # not a pin row
             self.lease_moves.labels(event.reason).inc()
 
+    def row_labels(self, row: UsageRow) -> tuple[str, str, str]:
+        """The bounded (route, host, model) labels of a row, as every series here has them."""
+        return self._labels(row)
+
     def _labels(self, row: UsageRow) -> tuple[str, str, str]:
         config = self.config
         route = route_label(config, row.route)

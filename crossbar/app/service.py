@@ -113,6 +113,7 @@ class CrossbarService(MultiService):
         self._watchdog = watchdog_period(environ)
         self.config = config
         self._running = config.server  # listeners and store as started: a reload keeps them
+        self._tracing = config.tracing  # so is the tracer
         self.reactor = reactor
         self._store = store
         self._endpoints = endpoints
@@ -219,6 +220,8 @@ class CrossbarService(MultiService):
             for key in _RESTART_KEYS
             if getattr(self._running, key) != getattr(new.server, key)
         ]
+        if new.tracing != self._tracing:
+            notes.append("[tracing] changed; it takes effect at restart")
         removed = sorted(set(old.hosts) - set(new.hosts))
         assert self.parts is not None and self.sites is not None
         table = self.parts.table
@@ -263,6 +266,8 @@ class CrossbarService(MultiService):
         await parts.usage.flush()  # the rows still waiting for their write
         await parts.tenants.sync()  # what the keys spent, for the other instances
         await parts.upstream.close()
+        if parts.tracing is not None:
+            await parts.tracing.close()  # the last spans exported, the thread stopped
         parts.handoff.close()
         await parts.instances.leave()
         parts.journal.stop()

@@ -10,14 +10,14 @@ from __future__ import annotations
 import gc
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from attrs import astuple, frozen
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar import __version__
-from crossbar.admin import MAX_BODY, Admin, AdminParts, Metrics
+from crossbar.admin import MAX_BODY, Admin, AdminParts, GenAIMetrics, Metrics
 from crossbar.app.logs import log_request
 from crossbar.app.sweep import Sweep
 from crossbar.cluster import Follower, Instances, KeyShare, SharedSlots
@@ -37,7 +37,11 @@ from crossbar.proxy import (
 )
 from crossbar.store import Store
 from crossbar.tenants import Tenants
+from crossbar.tracing import build_tracing
 from crossbar.wire import Upstream
+
+if TYPE_CHECKING:
+    from crossbar.tracing import Tracing
 
 # Leases loaded at start from which their objects are frozen out of full collections.
 _FREEZE_FROM = 10_000
@@ -64,6 +68,8 @@ class Parts:
     follower: Follower
     handoff: HandoffParts
     sweep: Sweep
+    tracing: Tracing | None = None  # [tracing]: spans, and the GenAI metrics beside them
+    genai: GenAIMetrics | None = None
 
     def reloadable(self) -> list[Reconfigurable]:
         """The parts a reload reaches, in the order they take it: the order above, hosts
@@ -128,13 +134,18 @@ async def build_parts(
     table.listeners.append(metrics.lease_event)
     usage.observers += [log_request, metrics.observe]
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
+    tracing = build_tracing(config, reactor, metrics.registry)
+    genai = None
+    if tracing is not None:
+        genai = GenAIMetrics(metrics)
+        usage.observers.append(genai.observe)
     handoff = build_handoff(
-        config, reactor, table, hosts, limiter, upstream, usage, metrics.registry
+        config, reactor, table, hosts, limiter, upstream, usage, metrics.registry, tracing
     )
     sweep = Sweep(config, table, store, reactor)
     return Parts(
         reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
-        metrics, instances, tenants, follower, handoff, sweep,
+        metrics, instances, tenants, follower, handoff, sweep, tracing, genai,
     )  # fmt: skip
 
 
@@ -174,7 +185,7 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     placement = Placement(p.table, p.hosts, p.warmth, p.clock)
     resource = ProxyResource(
         config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
-        p.handoff.handoff, p.tenants,
+        p.handoff.handoff, p.tenants, p.tracing,
     )  # fmt: skip
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,

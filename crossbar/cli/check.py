@@ -98,6 +98,16 @@ def describe(config: Config) -> str:
         f"  handoff_store {store}; prewarm_parallel {s.prewarm_parallel}; "
         f"prewarm_timeout {format_duration(s.prewarm_timeout)}"
     )
+    t = config.tracing
+    if t is None:
+        out.append("  tracing off")
+    else:
+        names = ", ".join(name for name, _ in t.headers)
+        headers = f"; headers {names} (values hidden)" if names else ""
+        out.append(
+            f"  tracing to {hide_password(t.endpoint)} over {t.protocol} as {t.service_name}; "
+            f"sample_ratio {t.sample_ratio:g}{headers}"
+        )
     out += ["", f"hosts ({len(config.hosts)}):"]
     for host in config.hosts.values():
         out += _host_lines(host)

@@ -1,6 +1,7 @@
 """The TOML config as frozen values: server settings, hosts and their models, routes and
-templates, each route's limits, durations and sizes, and how a store URL is shown. Every error
-names its dotted path (docs/reference.md, "Config"). Imports nothing of crossbar but records.
+templates, each route's limits, where traces go, durations and sizes, and how a store URL is
+shown. Every error names its dotted path (docs/reference.md, "Config"). Imports nothing of
+crossbar but records.
 """
 
 from crossbar.config.keys import (
@@ -14,6 +15,7 @@ from crossbar.config.keys import (
 from crossbar.config.limits import DEFAULT_LIMITS, PREWARM_PRIORITY, RouteLimits
 from crossbar.config.redaction import hide_password, is_postgres, redact
 from crossbar.config.route import Route
+from crossbar.config.tracing import TracingConfig
 from crossbar.config.units import format_duration, format_size, parse_duration
 from crossbar.config.values import (
     Config,
@@ -37,6 +39,7 @@ __all__ = [
     "ModelConfig",
     "Route",
     "RouteLimits",
+    "TracingConfig",
     "format_duration",
     "format_size",
     "hash_secret",

@@ -45,6 +45,8 @@ class Route:
     # Output tokens a request gets when it sets no limit, and the most any gets (None: off).
     max_tokens_default: int | None = None
     max_tokens_cap: int | None = None
+    # Message contents on its spans ([tracing]); off: prompts and answers stay out of traces.
+    record_content: bool = False
 
     @property
     def limits_output(self) -> bool:
@@ -153,6 +155,7 @@ def read_route_body(table: Section, name: str) -> Route:
         rebalance_per_minute=table.integer("rebalance_per_minute", 10),
         max_tokens_default=table.integer("max_tokens_default", None),
         max_tokens_cap=table.integer("max_tokens_cap", None),
+        record_content=table.boolean("record_content", False),
     )
     cap, default = route.max_tokens_cap, route.max_tokens_default
     if cap is not None and default is not None and default > cap:

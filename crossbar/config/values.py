@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -18,6 +19,7 @@ from crossbar.config.fields import NAME, Errors, Section, quote, type_name
 from crossbar.config.keys import KeyConfig, read_keys
 from crossbar.config.redaction import redact
 from crossbar.config.route import Route, Template, check_route_links, read_routes, read_templates
+from crossbar.config.tracing import TracingConfig, read_tracing
 from crossbar.config.units import format_size
 
 _RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them each time)
@@ -139,6 +141,7 @@ class Config:
     templates: tuple[Template, ...] = ()
     path: str = ""
     keys: dict[str, KeyConfig] = field(factory=dict)  # `[keys.<name>]`, seeded into the store
+    tracing: TracingConfig | None = None  # None: no [tracing] table, no spans
     # Routes made from templates, by name: a request's route is looked up several times
     # (routing, the limiter, metrics labels), and making one costs ~10 µs. Bounded, for names
     # are the clients'.
@@ -379,8 +382,12 @@ def _check_one_name_per_server(errors: Errors, hosts: dict[str, HostConfig]) -> 
             )
 
 
-def parse_config(data: dict[str, Any], path: str = "") -> Config:
-    """Build a Config from parsed TOML, or raise ConfigError listing every problem."""
+def parse_config(
+    data: dict[str, Any], path: str = "", environ: Mapping[str, str] | None = None
+) -> Config:
+    """Build a Config from parsed TOML, or raise ConfigError listing every problem.
+    `environ` holds the `OTEL_*` variables that fill what `[tracing]` leaves out (none by
+    default: what a test parses does not depend on the shell it runs in)."""
     errors = Errors()
     top = Section(errors, "", data)
     server = _read_server(errors, top.raw("server", {}))
@@ -388,8 +395,11 @@ def parse_config(data: dict[str, Any], path: str = "") -> Config:
     routes = read_routes(errors, top.raw("routes", {}))
     templates = read_templates(errors, top.raw("templates", {}))
     keys = read_keys(errors, top.raw("keys", {}))
+    tracing = None
+    if top.has("tracing"):
+        tracing = read_tracing(errors, top.raw("tracing"), environ or {})
     top.finish()
-    config = Config(server, hosts, routes, tuple(templates), path, keys)
+    config = Config(server, hosts, routes, tuple(templates), path, keys, tracing)
     if not hosts:
         errors.add("hosts", "no hosts configured (add a [hosts.<name>] table)")
     _check_one_name_per_server(errors, hosts)
@@ -427,8 +437,9 @@ def _check_key_links(errors: Errors, config: Config) -> None:
             errors.add(f"server.metrics_keys[{i}]", f"{quote(name)} is not a key name")
 
 
-def load_config(path: str | Path) -> Config:
-    """Read and validate a TOML config file; every failure is a ConfigError naming the file."""
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a TOML config file; every failure is a ConfigError naming the file.
+    The `OTEL_*` variables come from `environ`, the process's by default."""
     p = Path(path)
     try:
         raw = p.read_bytes()
@@ -444,4 +455,4 @@ def load_config(path: str | Path) -> Config:
         raise ConfigError([f"{p}: not UTF-8 text"]) from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError([f"{p}: not valid TOML: {e}"]) from None
-    return parse_config(data, str(p))
+    return parse_config(data, str(p), os.environ if environ is None else environ)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 from prometheus_client import CollectorRegistry, Histogram
@@ -31,7 +32,12 @@ from crossbar.leases import Key, Table
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.wire import Exchange, Inbound
 
+if TYPE_CHECKING:
+    from crossbar.tracing import Tracing
+
 log = Logger(namespace="crossbar.handoff")
+# Conversations whose last turn's span a move links to, at most (the oldest are forgotten).
+_TURNS_KEPT = 100_000
 _RATIO_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.8, 0.9, 0.95, 0.99, 1.0)
 
 
@@ -57,8 +63,11 @@ class HandOff:
         store: HandoffStore,
         prewarmer: Prewarmer,
         registry: CollectorRegistry,
+        tracing: Tracing | None = None,
     ) -> None:
         self._clock = clock
+        self._tracing = tracing
+        self._turns: dict[Key, Any] = {}  # key -> its last turn's SpanContext (tracing on)
         self._config = config
         self._table = table
         self.store = store
@@ -94,19 +103,32 @@ class HandOff:
         if key in self._moving:
             return Moved(key, origin, host, False, Outcome("failed", detail="already moving"))
         self._moving[key] = []
+        tracing, span = self._tracing, None
+        if tracing is not None:
+            turn = self._turns.get(key)
+            span = tracing.move(key.route, key.fp, key.model, origin, host, reason, turn)
         try:
-            outcome = await self._prewarm(key, host)
+            outcome = await self._prewarm(key, host, span)
             moved = await self._table.move(key, host, self._clock.seconds(), reason)
             if moved:
                 self._first_turn[key] = host
+            if span is not None and tracing is not None:
+                attributes = {
+                    "crossbar.move.moved": moved,
+                    "crossbar.prewarm.result": outcome.result,
+                }
+                tracing.end(span, attributes, "" if moved else "not_moved")
+                span = None
             return Moved(key, origin, host, moved, outcome)
         finally:
+            if span is not None and tracing is not None:  # the move failed or was cancelled
+                tracing.end(span, None, "failed")
             for waiter in list(self._moving.pop(key, [])):
                 waiter.callback(None)
 
-    async def _prewarm(self, key: Key, host: str) -> Outcome:
+    async def _prewarm(self, key: Key, host: str, span: Any) -> Outcome:
         try:
-            return await self.prewarmer.prewarm(key, host)
+            return await self.prewarmer.prewarm(key, host, span)
         except Exception as e:  # a prewarm that fails moves the conversation cold
             log.failure("prewarm of {key} on {host} failed", key=key, host=host)
             return Outcome("failed", detail=str(e))
@@ -134,6 +156,12 @@ class HandOff:
         only when bodies are kept)."""
         if self.store.enabled and ex.status == 200 and not ex.error and inbound.path in PREWARMABLE:
             self.store.keep(key, pack(inbound.path, inbound.raw))
+        if ex.trace is not None:  # tracing on: a later move of `key` links to this turn
+            turns = self._turns
+            turns.pop(key, None)
+            if len(turns) >= _TURNS_KEPT:
+                del turns[next(iter(turns))]
+            turns[key] = ex.trace.span.get_span_context()
 
     def _settled(self, key: Key) -> Deferred[None]:
         """Fires when `key` is not moving, or after prewarm_timeout."""
@@ -174,4 +202,5 @@ class HandOff:
             return  # a lease made or moved, or a pin
         key = Key(event.route, event.fp, event.model)
         self._first_turn.pop(key, None)
+        self._turns.pop(key, None)
         self.store.drop(key)  # its conversation is over for crossbar: so is its body

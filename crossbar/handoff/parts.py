@@ -4,7 +4,7 @@ hand-off itself, evacuations and the rebalancer."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import frozen
 from prometheus_client import CollectorRegistry
@@ -20,6 +20,9 @@ from crossbar.leases import Chooser, Table
 from crossbar.limiter import Limiter
 from crossbar.proxy import UsageRecorder
 from crossbar.wire import Upstream
+
+if TYPE_CHECKING:
+    from crossbar.tracing import Tracing
 
 
 @frozen
@@ -60,12 +63,14 @@ def build_handoff(
     upstream: Upstream,
     usage: UsageRecorder,
     registry: CollectorRegistry,
+    tracing: Tracing | None = None,
 ) -> HandoffParts:
-    """The hand-off's parts; its metrics go to `registry`, its rows to `usage`."""
+    """The hand-off's parts; its metrics go to `registry`, its rows to `usage`, its spans to
+    `tracing` (when on)."""
     s = config.server
     store = HandoffStore(clock, s.handoff_store, s.handoff_max_body, store_parent(s.db))
-    prewarmer = Prewarmer(clock, config, hosts, limiter, upstream, store, usage, registry)
-    handoff = HandOff(clock, config, table, store, prewarmer, registry)
+    prewarmer = Prewarmer(clock, config, hosts, limiter, upstream, store, usage, registry, tracing)
+    handoff = HandOff(clock, config, table, store, prewarmer, registry, tracing)
     # Every subscription of the hand-off's parts, here and nowhere else.
     table.listeners.append(handoff.lease_event)
     usage.observers.append(handoff.observe)

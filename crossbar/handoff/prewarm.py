@@ -14,7 +14,7 @@ most `server.prewarm_parallel` prewarms run per host. Each is recorded as a usag
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from attrs import define, frozen
 from prometheus_client import CollectorRegistry, Counter
@@ -29,6 +29,11 @@ from crossbar.leases import Key
 from crossbar.limiter import Limiter, LimiterError
 from crossbar.proxy import UsageRecorder
 from crossbar.wire import Exchange, Kind, Tokens, Upstream, UpstreamFailure, classify, renamed_body
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+    from crossbar.tracing import Tracing
 
 log = Logger(namespace="crossbar.prewarm")
 # The client APIs whose prompt a replay can warm without generating: llama-server reads
@@ -97,8 +102,10 @@ class Prewarmer:
         store: HandoffStore,
         usage: UsageRecorder,
         registry: CollectorRegistry,
+        tracing: Tracing | None = None,
     ) -> None:
         self._clock = clock
+        self._tracing = tracing
         self._config = config
         self._hosts = hosts
         self._limiter = limiter
@@ -120,8 +127,9 @@ class Prewarmer:
         self._config = config
         self._gates = {h: g for h, g in self._gates.items() if g.tokens < g.limit}
 
-    async def prewarm(self, key: Key, host: str) -> Outcome:
-        """Replay `key`'s kept body on `host`, generating nothing."""
+    async def prewarm(self, key: Key, host: str, parent: Span | None = None) -> Outcome:
+        """Replay `key`'s kept body on `host`, generating nothing (its span under `parent`,
+        the move's, when tracing is on)."""
         blob = await self._store.load(key)
         if blob is None:
             return Outcome("no body")
@@ -138,7 +146,7 @@ class Prewarmer:
         await gate.acquire()
         try:
             for _ in range(_ATTEMPTS):
-                outcome = await self._attempt(key, host, path, suppressed(body))
+                outcome = await self._attempt(key, host, path, suppressed(body), parent)
                 if outcome is not None:
                     return outcome
             return Outcome("failed", detail="clients kept taking the slot")
@@ -146,7 +154,7 @@ class Prewarmer:
             gate.release()
 
     async def _attempt(
-        self, key: Key, host: str, path: str, body: dict[str, Any]
+        self, key: Key, host: str, path: str, body: dict[str, Any], parent: Span | None
     ) -> Outcome | None:
         """One try; None when a client took the slot (try again)."""
         host_config = self._config.hosts.get(host)
@@ -159,7 +167,8 @@ class Prewarmer:
         ex = Exchange(started=self._clock.seconds(), route=key.route, path=path, fp=key.fp)
         ex.model, ex.host, ex.lease = key.model, host, "prewarm"
         pair = (host, key.model)
-        running = _Running(Deferred.fromCoroutine(self._send(host_config, path, body, ex)))
+        sending = self._send(host_config, path, body, ex, parent)
+        running = _Running(Deferred.fromCoroutine(sending))
         self._running.setdefault(pair, []).append(running)
         try:
             return await running.deferred
@@ -176,16 +185,34 @@ class Prewarmer:
             self._usage.finish(ex)
 
     async def _send(
-        self, host_config: Any, path: str, body: dict[str, Any], ex: Exchange
+        self,
+        host_config: Any,
+        path: str,
+        body: dict[str, Any],
+        ex: Exchange,
+        parent: Span | None,
     ) -> Outcome:
         model = self._hosts.model(host_config.name, ex.model)
+        tracing, span = self._tracing, None
+        extra: list[tuple[bytes, bytes]] = []
+        sent = self._clock.seconds()
+        if tracing is not None and parent is not None:
+            upstream_model = model.upstream_name if model is not None else ex.model
+            span = tracing.prewarm(parent, path, body, ex.fp, ex.model, host_config, upstream_model)
+            extra = tracing.headers(span)
         try:
             status, answer = await self._upstream.post_json(
-                host_config, path, renamed_body(body, model)
+                host_config, path, renamed_body(body, model), extra
             )
         except UpstreamFailure as failure:
             ex.status, ex.error = 502, f"upstream {failure.reason}"
+            if span is not None and tracing is not None:
+                tracing.end(span, None, failure.reason.replace(" ", "_"))
             return Outcome("failed", detail=ex.error)
+        except BaseException:
+            if span is not None and tracing is not None:
+                tracing.end(span, None, "cancelled")  # a client took its slot, or a stop
+            raise
         ex.first_byte = self._clock.seconds()  # the whole answer: nothing streams here
         ex.status = status
         tokens = Tokens()
@@ -197,6 +224,8 @@ class Prewarmer:
         if kind is Kind.INFERENCE:
             dialect.read_usage(obj, tokens)
         ex.tokens = tokens
+        if span is not None and tracing is not None:
+            tracing.answered(span, ex, sent)
         if status != 200:
             ex.error = f"host answered {status}"
             return Outcome("failed", detail=f"{ex.error}: {answer[:200]!r}")

@@ -23,7 +23,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.hosts import Hosts
-from crossbar.leases import Acquired, Table, Warmth
+from crossbar.leases import Acquired, Lease, Table, Warmth
 from crossbar.proxy.call import Call
 from crossbar.wire import Kind, Tokens
 
@@ -73,6 +73,35 @@ class Placement:
                 if moved is not None:
                     return moved
         return await table.acquire(key, call.candidates, now, peers, call.need)
+
+    def holder(self, call: Call) -> Lease | None:
+        """The lease `call`'s key has now (before `place`), for `explain`."""
+        return self._table.lease(call.key)
+
+    def explain(self, call: Call, before: Lease | None, acquired: Acquired) -> tuple[str, str, str]:
+        """What `place` decided, for the lease's span: new, reused, pinned or moved; why; and
+        the host it moved from ("" when it did not move)."""
+        if call.origin is not None and acquired.host == call.origin:
+            return "reused", "names a running completion", ""
+        if not call.conversation:
+            return ("reused" if acquired.reused else "new"), "no conversation: nothing leased", ""
+        moved = before is not None and before.host != acquired.host
+        origin = before.host if before is not None and moved else ""
+        if acquired.pinned:
+            return "pinned", "pin", origin
+        if before is not None and moved:
+            if before.cold:
+                why = "cold"
+            elif before.host not in call.candidates:
+                why = "config"
+            elif not self._hosts.healthy(before.host):
+                why = "unhealthy"
+            else:
+                why = "moved by another instance"
+            return "moved", why, origin
+        if acquired.reused:
+            return "reused", "own lease" if before is not None else "route lease inherited", ""
+        return "new", "chosen", ""
 
     async def refused(self, call: Call, acquired: Acquired) -> None:
         """crossbar refused `call` after placing it (the context guard): a lease it made goes."""

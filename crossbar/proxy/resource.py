@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, Protocol
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -19,11 +20,11 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from crossbar.config import Config
+from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, LeaseError, NoHost
 from crossbar.limiter import Limiter, LimiterError, Release
-from crossbar.proxy import cors
+from crossbar.proxy import cors, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
 from crossbar.proxy.fingerprint import conversation
@@ -46,7 +47,9 @@ from crossbar.wire import (
     ClientError,
     Exchange,
     Inbound,
+    KeepingRelay,
     Kind,
+    Outgoing,
     Relay,
     Upstream,
     UpstreamFailure,
@@ -61,6 +64,9 @@ from crossbar.wire import (
     unavailable,
     write_error,
 )
+
+if TYPE_CHECKING:
+    from crossbar.tracing import RequestTrace, Tracing
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
@@ -109,6 +115,15 @@ def _output_limit(call: Call) -> int | None:
     return None
 
 
+def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
+    """The request's `http.route`: crossbar's URL with the route name left out, for a path
+    crossbar serves (None for any other: a client's invented path is no template)."""
+    if kind is None:
+        return None
+    shown = "/slots/{id}" if path.startswith("/slots/") else path
+    return "/r/{route}" + shown if raw_path.startswith("/r/") else shown
+
+
 def _query(uri: bytes) -> str:
     """The query of a request target (after `?`, before any `#`)."""
     cut = uri.find(b"?")
@@ -135,7 +150,9 @@ class ProxyResource(Resource):
         placement: Placement,
         gate: TurnGate | None = None,
         tenants: Tenants | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
+        """`tracing`: crossbar's spans (None, the default: tracing off, and no cost)."""
         super().__init__()
         self._tenants = tenants
         self._config = config
@@ -148,6 +165,7 @@ class ProxyResource(Resource):
         self._usage = usage
         self._placement = placement
         self._gate = gate or OPEN
+        self._tracing = tracing
         self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
         self._settled: list[Deferred[None]] = []  # waiters for "no request running"
 
@@ -164,6 +182,9 @@ class ProxyResource(Resource):
 
     def render(self, request: Any) -> Any:
         ex = Exchange(started=self._clock.seconds())
+        tracing = self._tracing
+        if tracing is not None:
+            ex.trace = tracing.request(request, ex.started)
         # Asked for before serving: a request answered at once never fires a later notice.
         finished = request.notifyFinish()
         d = Deferred.fromCoroutine(self._serve(request, ex))
@@ -234,6 +255,8 @@ class ProxyResource(Resource):
             dialect, kind = classify(method, path)
             ex.path = path
             route = resolve_route(self._config, name)
+            if ex.trace is not None:
+                ex.trace.routed(route.name, _route_template(raw_path, path, kind))
             cors.mark(request, route, header)
             if method == "OPTIONS" and route.cors_origins:
                 cors.preflight(request, route, header)  # crossbar's own: no lease, no row
@@ -251,6 +274,8 @@ class ProxyResource(Resource):
             ex.status, ex.error = 500, "internal error"
             write_error(request, INTERNAL, dialect)
         finally:
+            if ex.trace is not None:
+                ex.trace.finish(ex, ex.status or request.code)
             if ex.route:
                 self._usage.finish(ex)
             elif ex.status:  # refused before its route was known; a preflight has no status
@@ -356,8 +381,13 @@ class ProxyResource(Resource):
     ) -> None:
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         removed = 0
+        trace = ex.trace
         while True:
-            acquired = await self._place(call, failed)
+            if trace is None:
+                acquired = await self._place(call, failed)
+            else:
+                placing = partial(self._place, call, failed)
+                acquired = await traced.place(trace, self._placement, call, placing)
             ex.host = host = acquired.host
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
             if call.kind is Kind.INFERENCE:
@@ -378,9 +408,14 @@ class ProxyResource(Resource):
                 raise unavailable(f"host {host} was removed from the config; try again", 1)
             try:
                 model = self._hosts.model(host, call.model)
-                response = await self._upstream.send(prepare(host_config, model, call.inbound))
+                out = prepare(host_config, model, call.inbound)
+                if trace is not None:
+                    out = self._attempt(trace, call, ex, host_config, model, out)
+                response = await self._upstream.send(out)
             except UpstreamFailure as failure:
                 release()
+                if trace is not None:
+                    trace.failed(failure.reason.replace(" ", "_"))
                 ex.error = f"upstream {failure.reason}"
                 if failure.connecting and not failure.blameless:
                     ejected = self._hosts.passive_failure(host, failure.reason, call.candidates)
@@ -399,6 +434,17 @@ class ProxyResource(Resource):
                 release()
             await self._placement.answered(call, acquired, ex.status, ex.tokens)
             return
+
+    def _attempt(
+        self, trace: RequestTrace, call: Call, ex: Exchange, host: HostConfig,
+        model: ModelConfig | None, out: Outgoing,
+    ) -> Outgoing:  # fmt: skip
+        """Begin an attempt's CLIENT span; `out` carrying its trace context to the host."""
+        upstream_model = model.upstream_name if model is not None else call.model
+        span = trace.attempt(
+            call.inbound, call.model, ex.fp, host, upstream_model, call.route.record_content
+        )
+        return trace.tracing.inject(out, span)
 
     def _where(self, call: Call, host: str = "") -> Where:
         return Where(
@@ -450,7 +496,10 @@ class ProxyResource(Resource):
             return await self._upstream.count_tokens(host_config, call.dialect, body)
 
         limit = self._hosts.ctx(host, call.model)
-        return await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
+        if ex.trace is None:
+            return await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
+        check = partial(self._guard.check, call.model, host, limit, ex.prompt_chars)
+        return await traced.guard(ex.trace, check, count, host, limit)
 
     async def _slot(
         self, call: Call, host: str, ex: Exchange, key: ClientKey | None = None
@@ -462,20 +511,27 @@ class ProxyResource(Resource):
         waited = self._clock.seconds()
         try:
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
-            return await self._limiter.acquire(host, call.model, call.route.limits, tenant)
+            pending = self._limiter.acquire(host, call.model, call.route.limits, tenant)
+            if ex.trace is None:
+                return await pending
+            return await traced.queue(ex.trace, pending, self._limiter, call, host, self._clock)
         except LimiterError as e:
             raise for_exception(e, self._where(call, host)) from None
         finally:
             ex.queue_ms += (self._clock.seconds() - waited) * 1000
 
     async def _relay(self, request: Any, call: Call, ex: Exchange, response: Any) -> None:
-        host, fp = ex.host, ex.fp
+        host, fp, trace = ex.host, ex.fp, ex.trace
 
         def remember(id_: str) -> None:
             self._usage.remember_id(id_, host, fp)
+            if trace is not None:
+                trace.response_id(id_)
 
         timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
-        relay = Relay(request, self._clock, timeouts, call.dialect, host, remember)
+        # A route that records contents keeps the answer's first bytes for its span.
+        kind = KeepingRelay if trace is not None and call.route.record_content else Relay
+        relay = kind(request, self._clock, timeouts, call.dialect, host, remember)
         extra = [
             (b"X-Crossbar-Host", host.encode()),
             (b"X-Crossbar-Lease", ex.lease.encode()),
@@ -487,3 +543,5 @@ class ProxyResource(Resource):
             ex.status, ex.stream = relay.status, relay.stream
             ex.first_byte, ex.tokens = relay.first_byte, relay.tokens
             ex.error = relay.error or ex.error
+            if trace is not None:
+                trace.answered(ex, getattr(relay, "kept", None), relay.error)

@@ -65,7 +65,9 @@ class FakeApi(Resource):
     def render(self, request: Request) -> object:
         path = request.path.decode("utf-8", "replace")
         if not path.startswith("/_fake/"):
-            self._fake.counters.requests[path] += 1
+            counters = self._fake.counters
+            counters.requests[path] += 1
+            counters.seen.append((path, request.requestHeaders))  # kept as is: no copy
         # llama-server's default CORS: every origin, and OPTIONS answered before anything else.
         request.setHeader(b"access-control-allow-origin", b"*")
         if request.method == b"OPTIONS":

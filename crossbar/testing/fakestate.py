@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -10,6 +10,8 @@ from attrs import Attribute, asdict, define, field, fields, frozen, setters
 
 from crossbar.testing.fakecache import PromptCache
 from crossbar.testing.faketokens import Tokenizer
+
+SEEN_KEPT = 100  # requests whose headers the fake keeps for tests
 
 
 def _positive(_: object, attribute: Attribute[Any], value: float) -> None:
@@ -147,9 +149,11 @@ class Counters:
     queued: int = 0  # inference requests waiting for a slot
     chunks_sent: int = 0  # SSE events written, `[DONE]` included, all streams together
     completions: list[Completion] = field(factory=list)
+    # (path, twisted.web Headers) of the latest requests, oldest first: what crossbar sent.
+    seen: deque[tuple[str, Any]] = field(factory=lambda: deque(maxlen=SEEN_KEPT))
 
     def as_dict(self) -> dict[str, Any]:
-        out = asdict(self, filter=lambda a, _: a.name != "completions")
+        out = asdict(self, filter=lambda a, _: a.name not in ("completions", "seen"))
         out["requests"] = dict(self.requests)
         out["completions"] = len(self.completions)
         out["last_completion"] = asdict(self.completions[-1]) if self.completions else None

@@ -30,9 +30,9 @@ from crossbar.wire.inbound import (
     request_headers,
 )
 from crossbar.wire.meter import Tokens
-from crossbar.wire.relay import Relay
+from crossbar.wire.relay import KeepingRelay, Relay
 from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now
-from crossbar.wire.upstream import Upstream, UpstreamFailure, prepare, renamed_body
+from crossbar.wire.upstream import Outgoing, Upstream, UpstreamFailure, prepare, renamed_body
 
 __all__ = [
     "INTERNAL",
@@ -44,7 +44,9 @@ __all__ = [
     "HeaderReader",
     "HostEndpoints",
     "Inbound",
+    "KeepingRelay",
     "Kind",
+    "Outgoing",
     "RawHeaders",
     "Relay",
     "Tokens",

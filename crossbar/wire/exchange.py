@@ -3,6 +3,8 @@ usage row is made from (proxy/usage.py), written by the proxy and by prewarms.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from attrs import define, field
 
 from crossbar.wire.meter import Tokens
@@ -27,3 +29,5 @@ class Exchange:
     tokens: Tokens = field(factory=Tokens)
     error: str = ""
     key: str = ""  # the named client key that sent it ("" none)
+    # The request's spans (tracing.RequestTrace) when tracing is on; None costs nothing.
+    trace: Any = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -283,12 +284,15 @@ class Upstream:
         connection = None if fresh else pool.take(origin)
         return _Attempt(self, origin, connection, head, out.body, out.method == b"HEAD").done
 
-    async def post_json(self, host: HostConfig, path: str, payload: Any) -> tuple[int, bytes]:
+    async def post_json(
+        self, host: HostConfig, path: str, payload: Any, extra: Sequence[tuple[bytes, bytes]] = ()
+    ) -> tuple[int, bytes]:
         """crossbar's own call to a host (a token count, a prewarm): `payload` POSTed as JSON
-        with the host's authorization, the whole answer read. Raises UpstreamFailure when no
-        answer came."""
+        with the host's authorization (and `extra` headers: a trace context), the whole
+        answer read. Raises UpstreamFailure when no answer came."""
         headers = [(b"Content-Type", b"application/json")]
         headers += [(k.encode(), v.encode()) for k, v in authorization(host).items()]
+        headers += extra
         out = Outgoing(b"POST", (host.url + path).encode(), headers, json.dumps(payload).encode())
         response = await self.send(out)
         return response.code, await read_body(response)

@@ -32,6 +32,7 @@ EVERYTHING = {
     "hosts": {"h": {"url": "http://127.0.0.1:1", "models": {"m": {}}}},
     "routes": {"r": {"hosts": ["h"]}},
     "templates": {"t": {"match": "t-*", "hosts": ["h"]}},
+    "tracing": {"endpoint": "http://127.0.0.1:4318/v1/traces"},
 }
 # The subsection of "## Config" that documents each table's keys.
 TABLES = {
@@ -40,6 +41,7 @@ TABLES = {
     "model": "### `[hosts.<name>]`",
     "route": "### `[routes.<name>]` and `[templates.<name>]`",
     "template": "### `[routes.<name>]` and `[templates.<name>]`",
+    "tracing": "### `[tracing]`",
 }
 _MISSING = object()
 
@@ -55,8 +57,8 @@ def section(text: str, heading: str) -> str:
 
 def _table_of(path: str) -> str | None:
     parts = path.split(".")
-    if path == "server":
-        return "server"
+    if path in ("server", "tracing"):
+        return path
     if parts[0] == "hosts" and len(parts) == 2:
         return "host"
     if parts[0] == "hosts" and len(parts) == 4 and parts[2] == "models":
@@ -143,7 +145,7 @@ def test_every_config_key_the_readers_accept_is_documented(accepted):
 
 def test_no_config_key_is_documented_that_the_readers_do_not_accept(accepted):
     extra = []
-    for table in ("server", "route"):
+    for table in ("server", "route", "tracing"):
         known = set(accepted[table]) | (set(accepted["template"]) if table == "route" else set())
         extra += [f"{table}.{key}" for key in rows(table) if key not in known]
     host_keys = set(accepted["host"]) | set(accepted["model"])

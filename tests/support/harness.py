@@ -71,6 +71,8 @@ class Crossbar:
             await pool.closeCachedConnections()
         await self.port.stopListening()
         await self.parts.upstream.close()
+        if self.parts.tracing is not None:
+            await self.parts.tracing.close()
         self.parts.handoff.close()
         await self.parts.hosts.stop()
         await self.parts.store.close()
@@ -88,6 +90,7 @@ async def start_crossbar(
     server: dict[str, Any] | None = None,
     hosts: dict[str, Any] | None = None,
     keys: dict[str, Any] | None = None,
+    tracing: dict[str, Any] | None = None,
     **host_extra: Any,
 ) -> Crossbar:
     data = {
@@ -96,6 +99,8 @@ async def start_crossbar(
         "routes": routes,
         "keys": keys or {},
     }
+    if tracing is not None:
+        data["tracing"] = tracing
     config = parse_config(data)
     parts = await build_parts(config, reactor)
     sites = make_sites(config, parts, reload=_no_reload)
