@@ -147,3 +147,51 @@ def with_processes(name: str, body: Callable[[Processes, Path], int], keep: bool
         else:
             print(f"logs and configs kept in {work}", file=sys.stderr)
     return status
+
+
+# --- CPU of a process tree, from /proc ---------------------------------------------------------
+
+
+def stat_fields(line: str) -> list[str]:
+    """A /proc/<pid>/stat line's fields after the command name (which may hold spaces and
+    parentheses): [0] is the state (field 3 of proc(5)), [1] the ppid, [11..14] utime, stime,
+    cutime, cstime in clock ticks."""
+    return line.rsplit(")", 1)[1].split()
+
+
+def stat_ticks(line: str) -> int:
+    """CPU clock ticks of a process from its stat line: utime + stime (all its threads) plus
+    cutime + cstime (its children that exited and were waited for)."""
+    f = stat_fields(line)
+    return int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
+
+
+def _stats() -> dict[int, str]:
+    out = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                out[int(entry.name)] = Path(entry.path, "stat").read_text()
+            except OSError:
+                pass  # gone meanwhile
+    return out
+
+
+def tree(root: int, stats: dict[int, str]) -> list[int]:
+    """`root` and its descendants among `stats` (pid -> stat line)."""
+    children: dict[int, list[int]] = {}
+    for pid, line in stats.items():
+        children.setdefault(int(stat_fields(line)[1]), []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        if pid in stats:
+            found.append(pid)
+            todo.extend(children.get(pid, []))
+    return found
+
+
+def tree_cpu_seconds(root: int) -> float:
+    """CPU seconds so far of `root` and all its descendants."""
+    stats = _stats()
+    return sum(stat_ticks(stats[pid]) for pid in tree(root, stats)) / CLK_TCK

@@ -52,7 +52,6 @@ import argparse
 import asyncio
 import json
 import os
-import re
 import resource
 import shutil
 import socket
@@ -64,15 +63,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import peer_routers
-from measure import CLK_TCK, with_processes
+from agent_bodies import body_parts
+from measure import tree_cpu_seconds, with_processes
 from real_cache import crossbar_checkout
 from scale import ANSWER, MODEL
 from streams import Reader
+from wrk_report import parse_wrk
 
 from crossbar.demo.processes import Process, Processes, stop
 
@@ -85,7 +85,6 @@ PEER_OF = {  # router -> (peer, policy)
 }
 BODIES = ("small", "100k")
 CONVERSATIONS = {"small": 1000, "100k": 200}
-PLACEHOLDER = "@@CONVERSATION@@"
 PORTS = (24000, 24999)
 PATH = "/v1/chat/completions"  # crossbar's default route takes it as the peers do
 READY_SECONDS = 60.0
@@ -169,182 +168,7 @@ class RouterFailed(Exception):
     """A router that did not start, answer or serve; the message says why."""
 
 
-# --- bodies ---------------------------------------------------------------------------------
-
-
-def small_body() -> dict[str, Any]:
-    """One short user turn: the conversation is the first user message."""
-    turn = {"role": "user", "content": f"Conversation {PLACEHOLDER}: refactor the parser."}
-    return {"model": MODEL, "max_tokens": 1, "messages": [turn]}
-
-
-def _code(i: int, lines: int) -> str:
-    """A deterministic source file's text, `lines` long, different for each `i`."""
-    out = [f"# module_{i}.py: step {i} of the pipeline", "from __future__ import annotations", ""]
-    for j in range(lines):
-        out.append(f"def step_{i}_{j}(value: int, scale: int = {j % 7 + 1}) -> int:")
-        out.append(f'    """Step {j} of stage {i}: scale, shift by {i * j % 97}, clamp."""')
-        out.append(f"    return max(0, min(value * scale + {i * j % 97}, {1000 + j}))")
-    return "\n".join(out)
-
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": description,
-            "parameters": {
-                "type": "object",
-                "properties": {arg: {"type": "string", "description": f"the {arg}"}},
-                "required": [arg],
-            },
-        },
-    }
-    for name, description, arg in (
-        ("read_file", "Read a file of the repository and return its text.", "path"),
-        ("grep", "Search the repository for a regular expression; matching lines.", "pattern"),
-        ("run_tests", "Run the test suite (or one test) and return its output.", "selector"),
-        ("edit_file", "Replace one exact string in a file with another.", "path"),
-    )
-]
-
-
-def agent_body(size: int = 100 * 1024) -> dict[str, Any]:
-    """An agent's chat body of about `size` bytes: a long system prompt (~25 KB of rules), tool
-    definitions, the first user message (the conversation), then tool calls and their results
-    (files read, tests run) until the size is reached, and a last user turn."""
-    rules = [
-        f"Rule {i}: when the task touches {topic}, read the relevant files first, keep each "
-        f"change small, run the tests that cover it, and say what you changed and why in one "
-        f"sentence; never invent an API, and quote the error messages you saw exactly."
-        for i, topic in enumerate(
-            f"{area} of module {m}"
-            for m in range(20)
-            for area in ("the parser", "the store", "the HTTP layer", "logging", "the config")
-        )
-    ]
-    system = "You are a careful coding agent working in a Python repository.\n" + "\n".join(rules)
-    first = {
-        "role": "user",
-        "content": f"Conversation {PLACEHOLDER}: the parser drops the last field of a quoted "
-        "record; find why, fix it, and add a test.",
-    }
-    messages: list[dict[str, Any]] = [{"role": "system", "content": system}, first]
-    body = {"model": MODEL, "max_tokens": 1, "tools": TOOLS, "messages": messages}
-    last = {"role": "user", "content": "Good. Now run the whole suite and summarise."}
-    i = 0
-    while len(json.dumps(body)) + len(json.dumps(last)) < size - 3000:
-        name, args, result = (
-            ("read_file", {"path": f"src/module_{i}.py"}, _code(i, 12))
-            if i % 3 != 2
-            else ("run_tests", {"selector": f"tests/test_module_{i}.py"},
-                  "\n".join(f"tests/test_module_{i}.py::test_case_{k} PASSED" for k in range(40)))
-        )  # fmt: skip
-        call = {"id": f"call_{i}", "type": "function",
-                "function": {"name": name, "arguments": json.dumps(args)}}  # fmt: skip
-        messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
-        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": result})
-        i += 1
-    messages.append(last)
-    return body
-
-
-@cache
-def body_parts(kind: str) -> tuple[bytes, bytes]:
-    """The body of `kind` as (text before, text after) the conversation's number."""
-    body = small_body() if kind == "small" else agent_body()
-    text = json.dumps(body)
-    assert text.count(PLACEHOLDER) == 1
-    before, after = text.split(PLACEHOLDER)
-    return before.encode(), after.encode()
-
-
-def body_for(kind: str, n: int) -> bytes:
-    """Conversation `n`'s body of `kind`, as wrk sends it (for the test and a look)."""
-    before, after = body_parts(kind)
-    return before + str(n).encode() + after
-
-
-# --- CPU from /proc ---------------------------------------------------------------------------
-
-
-def stat_fields(line: str) -> list[str]:
-    """A /proc/<pid>/stat line's fields after the command name (which may hold spaces and
-    parentheses): [0] is the state (field 3 of proc(5)), [1] the ppid, [11..14] utime, stime,
-    cutime, cstime in clock ticks."""
-    return line.rsplit(")", 1)[1].split()
-
-
-def stat_ticks(line: str) -> int:
-    """CPU clock ticks of a process from its stat line: utime + stime (all its threads) plus
-    cutime + cstime (its children that exited and were waited for)."""
-    f = stat_fields(line)
-    return int(f[11]) + int(f[12]) + int(f[13]) + int(f[14])
-
-
-def _stats() -> dict[int, str]:
-    out = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                out[int(entry.name)] = Path(entry.path, "stat").read_text()
-            except OSError:
-                pass  # gone meanwhile
-    return out
-
-
-def tree(root: int, stats: dict[int, str]) -> list[int]:
-    """`root` and its descendants among `stats` (pid -> stat line)."""
-    children: dict[int, list[int]] = {}
-    for pid, line in stats.items():
-        children.setdefault(int(stat_fields(line)[1]), []).append(pid)
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        if pid in stats:
-            found.append(pid)
-            todo.extend(children.get(pid, []))
-    return found
-
-
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds so far of `root` and all its descendants."""
-    stats = _stats()
-    return sum(stat_ticks(stats[pid]) for pid in tree(root, stats)) / CLK_TCK
-
-
-# --- wrk --------------------------------------------------------------------------------------
-
-_UNITS = {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0, "h": 3600000.0}
-
-
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)([a-z]+)", text).groups()
-    return float(value) * _UNITS[unit]
-
-
-def parse_wrk(out: str) -> dict[str, Any]:
-    """wrk's report (run with --latency): requests, seconds, req/s, p50/p75/p90/p99 in ms,
-    non-2xx answers and socket errors. ValueError if it is not one."""
-    done = re.search(r"(\d+) requests in ([\d.]+)(\w+),", out)
-    rate = re.search(r"Requests/sec:\s+([\d.]+)", out)
-    if not done or not rate:
-        raise ValueError(f"not a wrk report: {out.strip()[-300:]!r}")
-    result: dict[str, Any] = {
-        "requests": int(done.group(1)),
-        "seconds": _ms(done.group(2) + done.group(3)) / 1000,
-        "rps": float(rate.group(1)),
-    }
-    for q in ("50", "75", "90", "99"):
-        found = re.search(rf"^\s+{q}%\s+([\d.]+[a-z]+)\s*$", out, re.M)
-        result[f"p{q}_ms"] = _ms(found.group(1)) if found else None
-    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    result["non2xx"] = int(non2xx.group(1)) if non2xx else 0
-    sockets = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)",
-                        out)  # fmt: skip
-    result["socket_errors"] = sum(int(x) for x in sockets.groups()) if sockets else 0
-    return result
+# --- wrk ---------------------------------------------------------------------------------------
 
 
 def wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, Any]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +30,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+from wrk_report import parse_wrk
 
 from crossbar.demo.launch import free_ports
 
@@ -131,16 +132,9 @@ def wrk(url: str, script: Path, connections: int, seconds: float) -> dict[str, f
          url],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    rate = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
-    errors = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    lat = {q: _ms(re.search(rf"\s{q}%\s+([\d.]+\w+)", out).group(1)) for q in ("50", "99")}
-    return {"rps": rate, "p50_ms": lat["50"], "p99_ms": lat["99"],
-            "errors": int(errors.group(1)) if errors else 0}  # fmt: skip
-
-
-def _ms(text: str) -> float:
-    value, unit = re.fullmatch(r"([\d.]+)(\w+)", text).groups()
-    return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0, "m": 60000.0}[unit]
+    report = parse_wrk(out)
+    return {"rps": report["rps"], "p50_ms": report["p50_ms"], "p99_ms": report["p99_ms"],
+            "errors": report["non2xx"]}  # fmt: skip
 
 
 class Crossbars:

@@ -16,7 +16,10 @@ from crossbar.wire.bodies import chat_opening
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
+import agent_bodies  # noqa: E402
+import measure  # noqa: E402
 import peers  # noqa: E402
+import wrk_report  # noqa: E402
 
 WRK_REPORT = """\
 Running 10s test @ http://127.0.0.1:24001
@@ -39,14 +42,14 @@ Transfer/sec:     25.80MB
 
 def test_each_conversation_opens_its_own_way_so_crossbar_leases_each():
     for kind in peers.BODIES:
-        one, two = (json.loads(peers.body_for(kind, n)) for n in (1, 2))
+        one, two = (json.loads(agent_bodies.body_for(kind, n)) for n in (1, 2))
         assert one["model"] == peers.MODEL and one["max_tokens"] == 1
         assert chat_opening(one) != chat_opening(two)  # crossbar fingerprints the opening
         assert "Conversation 1:" in one["messages"][-1 if kind == "small" else 1]["content"]
 
 
 def test_the_agent_body_is_about_100_kb_of_system_prompt_tools_and_tool_results():
-    body = peers.body_for("100k", 7)
+    body = agent_bodies.body_for("100k", 7)
     assert 95 * 1024 <= len(body) <= 105 * 1024
     chat = json.loads(body)
     roles = [m["role"] for m in chat["messages"]]
@@ -54,15 +57,17 @@ def test_the_agent_body_is_about_100_kb_of_system_prompt_tools_and_tool_results(
     assert roles.count("tool") >= 20 and roles.count("assistant") == roles.count("tool")
     assert len(chat["messages"][0]["content"]) > 20_000
     assert [t["function"]["name"] for t in chat["tools"]][:2] == ["read_file", "grep"]
-    assert peers.agent_body() == peers.agent_body()  # deterministic: every sitting posts this
+    assert (
+        agent_bodies.agent_body() == agent_bodies.agent_body()
+    )  # deterministic: every sitting posts this
 
 
 def test_cpu_ticks_come_from_a_stat_line_whose_command_has_spaces_and_parentheses():
     # pid (comm) state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt
     # utime stime cutime cstime ...
     line = "4242 (smg (router) x) S 17 4242 4242 0 -1 4194560 9 0 0 0 150 25 3 2 20 0 13 0\n"
-    assert peers.stat_fields(line)[1] == "17"
-    assert peers.stat_ticks(line) == 150 + 25 + 3 + 2
+    assert measure.stat_fields(line)[1] == "17"
+    assert measure.stat_ticks(line) == 150 + 25 + 3 + 2
 
 
 def test_a_router_s_cpu_is_its_process_tree_s():
@@ -70,22 +75,25 @@ def test_a_router_s_cpu_is_its_process_tree_s():
         return f"{pid} (p {pid}) S {ppid} 1 1 0 -1 0 0 0 0 0 {utime} 1 0 0 20 0 1 0\n"
 
     stats = {10: stat(10, 1, 100), 11: stat(11, 10, 5), 12: stat(12, 11, 7), 13: stat(13, 1, 99)}
-    assert sorted(peers.tree(10, stats)) == [10, 11, 12]
-    assert peers.tree(99, stats) == []
-    assert sum(peers.stat_ticks(stats[p]) for p in peers.tree(10, stats)) == 101 + 6 + 8
-    own = peers.tree_cpu_seconds(os.getpid())
+    assert sorted(measure.tree(10, stats)) == [10, 11, 12]
+    assert measure.tree(99, stats) == []
+    assert sum(measure.stat_ticks(stats[p]) for p in measure.tree(10, stats)) == 101 + 6 + 8
+    own = measure.tree_cpu_seconds(os.getpid())
     assert own >= sum(os.times()[:2]) - 0.05  # this process at least (and pytest's children)
 
 
 def test_wrk_s_report_is_read_with_its_latency_distribution_and_errors():
-    r = peers.parse_wrk(WRK_REPORT)
+    r = wrk_report.parse_wrk(WRK_REPORT)
     assert r["requests"] == 737210 and r["seconds"] == 10.0 and r["rps"] == 73720.51
     assert r["p50_ms"] == pytest.approx(0.401) and r["p99_ms"] == pytest.approx(1.25)
     assert r["non2xx"] == 12 and r["socket_errors"] == 3
     bare = WRK_REPORT.replace("     99%    1.25ms\n", "").replace("  Socket errors", "  X")
-    assert peers.parse_wrk(bare)["p99_ms"] is None and peers.parse_wrk(bare)["socket_errors"] == 0
+    assert (
+        wrk_report.parse_wrk(bare)["p99_ms"] is None
+        and wrk_report.parse_wrk(bare)["socket_errors"] == 0
+    )
     with pytest.raises(ValueError, match="not a wrk report"):
-        peers.parse_wrk("unable to connect to 127.0.0.1:24001 Connection refused")
+        wrk_report.parse_wrk("unable to connect to 127.0.0.1:24001 Connection refused")
 
 
 def test_the_wrk_script_rotates_the_conversations_and_names_a_session_only_when_asked(tmp_path):
@@ -96,7 +104,7 @@ def test_the_wrk_script_rotates_the_conversations_and_names_a_session_only_when_
     assert 'local session = "X-Session-ID"' in keyed
     before = (tmp_path / "body-small.before").read_bytes()
     after = (tmp_path / "body-small.after").read_bytes()
-    assert before + b"3" + after == peers.body_for("small", 3)
+    assert before + b"3" + after == agent_bodies.body_for("small", 3)
 
 
 def test_the_table_gives_added_latency_over_direct_and_a_failed_router_s_reason(capsys):
