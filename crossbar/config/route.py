@@ -15,6 +15,10 @@ AUTHS = ("", "keys")  # "": the route's own `keys` list, if any; "keys": named k
 UNKNOWN_MODELS = ("error", "default")
 # The keys that shape a route's place in the slot queues; meaningless where it never queues.
 SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued")
+# The valve weighs a queued turn's wait at home against a move: only a queueing route with a
+# lease per conversation has either (docs/reference.md, "Leases": the valve).
+VALVE_KEYS = ("valve", "valve_margin", "valve_slack", "valve_hold")
+VALVE_MARGIN_MAX = 100.0
 
 
 @frozen
@@ -47,6 +51,12 @@ class Route:
     max_tokens_cap: int | None = None
     # Message contents on its spans ([tracing]); off: prompts and answers stay out of traces.
     record_content: bool = False
+    # The valve: a queued turn moves when its wait at home exceeds its wait and re-prefill on
+    # another host x valve_margin + valve_slack; a conversation it moved stays valve_hold.
+    valve: bool = True
+    valve_margin: float = 1.5
+    valve_slack: float = 0.25
+    valve_hold: float = 60.0
 
     @property
     def limits_output(self) -> bool:
@@ -65,6 +75,11 @@ class Route:
     def queues(self) -> bool:
         """True unless queue = false: requests wait in (and can be refused by) the limiter."""
         return self.queue
+
+    def valves(self) -> bool:
+        """Whether a queued turn of the route may move to a host where it would start sooner:
+        `valve` on a queueing route with a lease per conversation."""
+        return self.valve and self.queue and self.affinity == "conversation"
 
     @property
     def limits(self) -> RouteLimits:
@@ -133,6 +148,9 @@ def read_route_body(table: Section, name: str) -> Route:
         auth = ""
     queue = table.boolean("queue", True)
     unqueued = [key for key in SHARING_KEYS if table.has(key)] if not queue else []
+    # Tuning a valve that can never open is a mistake worth saying; `valve = false` never is.
+    inert = (not queue or affinity == "route") and table.peek("valve") is not False
+    valve_unused = [k for k in VALVE_KEYS if table.has(k)] if inert else []
     route = Route(
         name=name,
         hosts=hosts or (),
@@ -156,6 +174,10 @@ def read_route_body(table: Section, name: str) -> Route:
         max_tokens_default=table.integer("max_tokens_default", None),
         max_tokens_cap=table.integer("max_tokens_cap", None),
         record_content=table.boolean("record_content", False),
+        valve=table.boolean("valve", True),
+        valve_margin=table.positive_number("valve_margin", 1.5, 1.0, VALVE_MARGIN_MAX),
+        valve_slack=table.duration("valve_slack", 0.25, positive=False),
+        valve_hold=table.duration("valve_hold", 60.0, positive=False),
     )
     cap, default = route.max_tokens_cap, route.max_tokens_default
     if cap is not None and default is not None and default > cap:
@@ -165,6 +187,9 @@ def read_route_body(table: Section, name: str) -> Route:
         )
     for key in unqueued:
         table.errors.add(table.sub(key), "needs queue = true")
+    for key in valve_unused:
+        need = "queue = true" if not queue else 'affinity = "conversation"'
+        table.errors.add(table.sub(key), f"needs {need} (the valve moves queued conversations)")
     return route
 
 
