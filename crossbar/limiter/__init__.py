@@ -1,5 +1,6 @@
 """Per-(host, model) request slots and their fairly shared queues: priorities, weights, per-route
-caps, and the release rule of docs/reference.md, "Slots".
+caps, and the release rule of docs/reference.md, "Slots"; each host's learned prefill and decode
+rates, and the expected wait they give.
 """
 
 from crossbar.limiter.slots import (
@@ -7,9 +8,11 @@ from crossbar.limiter.slots import (
     LimiterError,
     QueueFull,
     QueueTimeout,
+    Rates,
     Release,
     RouteQueueFull,
     RouteState,
+    Work,
 )
 
 __all__ = [
@@ -17,7 +20,9 @@ __all__ = [
     "LimiterError",
     "QueueFull",
     "QueueTimeout",
+    "Rates",
     "Release",
     "RouteQueueFull",
     "RouteState",
+    "Work",
 ]

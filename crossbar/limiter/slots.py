@@ -24,10 +24,18 @@ Retry-after hints (for `Retry-After`): the expected wait of a request joining th
 queue now, `mean hold time x (queued + 1) / parallel`, where the mean is an exponentially
 weighted average of how long recent requests held their slot (before any has finished, a
 guess of FIRST_HOLD_GUESS seconds); at most `queue_timeout` and at least 1 s.
+
+The expected wait (`expected_wait`, for the valve and the admin API): each request may bring
+its `Work` (the tokens its host must prefill, the tokens it should write). What runs has its
+remaining output left at the host's decode rate (rates.py), less what it has streamed, or
+less the time it has run when nothing streams; each waiter ahead costs its prefill at the
+prefill rate plus its output at the decode rate. Played forward on the slots (each waiter takes
+the slot that frees first), the time until a slot frees for one more is the expected wait.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
 from itertools import count
 
@@ -36,6 +44,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from crossbar.config import DEFAULT_LIMITS, Config, RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
+from crossbar.limiter.rates import Rates
 from crossbar.limiter.types import (
     LimiterError,
     Pair,
@@ -48,6 +57,7 @@ from crossbar.limiter.types import (
     SlotEntry,
     SlotState,
     Waiter,
+    Work,
 )
 
 __all__ = [
@@ -56,10 +66,12 @@ __all__ = [
     "LimiterError",
     "QueueFull",
     "QueueTimeout",
+    "Rates",
     "Release",
     "RouteQueueFull",
     "RouteState",
     "SlotState",
+    "Work",
 ]
 
 # How long a slot is held, until one has been seen: a longish generation. Not queue_timeout:
@@ -84,8 +96,10 @@ class Limiter:
         queue_max: int,
         queue_timeout: float,
         config: Config | None = None,
+        rates: Rates | None = None,
     ) -> None:
         self._clock = clock
+        self.rates = rates if rates is not None else Rates()
         self._parallel = parallel
         self._queue_max = queue_max
         self._queue_timeout = queue_timeout
@@ -96,6 +110,10 @@ class Limiter:
         # Told (host, model, priority) of each request that had to queue: a prewarm holding a
         # slot there gives it up (handoff/prewarm.py), so a client never waits behind one.
         self.on_wait: list[Callable[[str, str, int], None]] = []
+        # Told (host, model) whenever its slots or queue moved (a release, a waiter gone): the
+        # valve judges again the turns waiting elsewhere (proxy/valve.py).
+        self.on_moved: list[Callable[[str, str], None]] = []
+        self._waiting: dict[Work, tuple[Pair, Waiter]] = {}  # queued work, for `withdraw`
 
     # -- the request path
 
@@ -105,13 +123,17 @@ class Limiter:
         model: str,
         route: RouteLimits | None = None,
         tenant: tuple[str, float] | None = None,
+        work: Work | None = None,
+        since: float | None = None,
     ) -> Deferred[Release]:
         """A slot: fires with its idempotent release, or fails with QueueFull / QueueTimeout.
 
         `route` places the request in the queue (None: an anonymous route at the defaults);
-        `tenant` (a client key's name and weight) shares the route's turn with its other keys.
-        Cancelling the Deferred while it waits removes the waiter from the queue; it never holds
-        a slot. Once it has fired, the caller owns the release and must call it.
+        `tenant` (a client key's name and weight) shares the route's turn with its other keys;
+        `work` is what it asks of the slot (the expected wait); `since` when it began waiting
+        elsewhere (a turn the valve moved keeps its deadline). Cancelling the Deferred while it
+        waits removes the waiter from the queue; it never holds a slot. Once it has fired, the
+        caller owns the release and must call it.
         """
         key = (host, model)
         slots = self._entry(key)
@@ -122,7 +144,8 @@ class Limiter:
             slots.held += 1
             slots.admitted += 1
             state.held += 1
-            return succeed(self._release(key, slots, state, tracked=False))
+            self._start(slots, work)
+            return succeed(self._release(key, slots, state, False, work))
         name, bound = state.name, state.limits.queued_bound(self._queue_max)
         if len(slots.waiters) >= self._queue_max or slots.waiters.count(name) >= bound:
             slots.refused += 1
@@ -132,18 +155,26 @@ class Limiter:
                 return fail(QueueFull(f"queue for {model} on {host} is full", retry))
             message = f"route {name}'s queue for {model} on {host} is full (max_queued {bound})"
             return fail(RouteQueueFull(message, retry, name, bound))
-        waiter = Waiter(name, next(self._arrivals), self._clock.seconds())
+        now = self._clock.seconds()
+        enqueued = now if since is None else min(since, now)
+        waiter = Waiter(name, next(self._arrivals), enqueued)
         if tenant is not None:
             waiter.tenant, waiter.tenant_weight = tenant
         waiter.deferred = Deferred(lambda _: self._leave(key, slots, waiter))
-        waiter.timer = self._clock.callLater(self._queue_timeout, self._expire, key, slots, waiter)
+        timeout = max(0.0, self._queue_timeout - (now - enqueued))
+        waiter.timer = self._clock.callLater(timeout, self._expire, key, slots, waiter)
         slots.waiters.push(waiter)
         state.waiting[key] += 1
+        if work is not None:
+            waiter.work, work.seq, work.priority = work, waiter.seq, state.limits.priority
+            self._waiting[work] = (key, waiter)
         for listener in self.on_wait:
             listener(host, model, state.limits.priority)
         return waiter.deferred
 
-    def track(self, host: str, model: str, route: RouteLimits | None = None) -> Release:
+    def track(
+        self, host: str, model: str, route: RouteLimits | None = None, work: Work | None = None
+    ) -> Release:
         """Count a request without waiting or refusing (in flight may exceed parallel); it
         counts in its route's in flight too."""
         key = (host, model)
@@ -152,7 +183,73 @@ class Limiter:
         slots.tracked += 1
         slots.tracked_total += 1
         state.tracked += 1
-        return self._release(key, slots, state, tracked=True)
+        self._start(slots, work)
+        return self._release(key, slots, state, True, work)
+
+    def withdraw(self, work: Work) -> bool:
+        """Take the waiter of `work` out of its queue to go elsewhere (the valve): its Deferred
+        fails with CancelledError, and it counts neither as cancelled nor timed out. False
+        when it is not waiting (admitted, gone)."""
+        found = self._waiting.get(work)
+        if found is None:
+            return False
+        _, waiter = found
+        waiter.withdrawn = True
+        assert waiter.deferred is not None
+        waiter.deferred.cancel()
+        return True
+
+    # -- the expected wait
+
+    def expected_wait(self, host: str, model: str, before: Work | None = None) -> float:
+        """Seconds until a slot of (host, model) frees for one more request (module doc);
+        `before`: for a request already waiting there, the time until its own turn (the
+        waiters ahead of it only). 0 when a slot is free now; infinite while this instance may
+        use none of its slots."""
+        key = (host, model)
+        limit = self._limit(key)
+        if limit == 0:
+            return float("inf")
+        slots = self._slots.get(key)
+        if slots is None:
+            return 0.0
+        ahead = [w.work for w in slots.waiters if w.work is not None and _ahead(w.work, before)]
+        if not ahead and slots.in_flight < limit:
+            return 0.0
+        prefill, decode = self.rates.prefill(host, model), self.rates.decode(host, model)
+        now = self._clock.seconds()
+        frees = [_remaining(w, now, prefill, decode) for w in slots.running]
+        # Requests beyond the slots (tracked, or a shrink) run after the first to end.
+        frees += [0.0] * max(0, limit - len(frees))
+        heapq.heapify(frees)
+        while len(frees) > limit:
+            first = heapq.heappop(frees)
+            heapq.heapreplace(frees, frees[0] + first)
+        for work in ahead:
+            heapq.heapreplace(frees, frees[0] + _cost(work, prefill, decode))
+        return frees[0]
+
+    def queued_prefill(self, host: str, model: str) -> int:
+        """Prompt tokens the waiters of (host, model) will have its host prefill."""
+        slots = self._slots.get((host, model))
+        if slots is None:
+            return 0
+        return sum(w.work.prefill for w in slots.waiters if w.work is not None)
+
+    def would_refuse(self, host: str, model: str, route: RouteLimits | None = None) -> bool:
+        """Whether `acquire(host, model, route)` would be refused now (a full queue)."""
+        key = (host, model)
+        slots = self._slots.get(key)
+        if slots is None or (not slots.waiters and slots.in_flight < self._limit(key)):
+            return False
+        limits = self._limits_of((route or DEFAULT_LIMITS).name, route or DEFAULT_LIMITS)
+        bound = limits.queued_bound(self._queue_max)
+        return len(slots.waiters) >= self._queue_max or slots.waiters.count(limits.name) >= bound
+
+    def below_cap(self, route: RouteLimits | None) -> bool:
+        """Whether one more request of `route` may be in flight (its max_in_flight)."""
+        state = self._routes.get((route or DEFAULT_LIMITS).name)
+        return state is None or state.below_cap()
 
     # -- reload and discovery
 
@@ -165,6 +262,7 @@ class Limiter:
         self._queue_max = config.server.queue_max
         self._queue_timeout = config.server.queue_timeout
         self._config = config
+        self.rates.forget(set(config.hosts))
         for name, state in self._routes.items():
             state.limits = self._limits_of(name, state.limits)
         for slots in self._slots.values():
@@ -293,7 +391,18 @@ class Limiter:
         parallel = self._parallel(*key)
         return 0 if parallel == 0 else max(1, parallel)
 
-    def _release(self, key: Pair, slots: SlotEntry, state: RouteEntry, tracked: bool) -> Release:
+    def _start(self, slots: SlotEntry, work: Work | None) -> None:
+        if work is not None:
+            work.started, work.seq = self._clock.seconds(), -1
+            slots.running.add(work)
+
+    def _moved(self, key: Pair) -> None:
+        for listener in self.on_moved:
+            listener(*key)
+
+    def _release(
+        self, key: Pair, slots: SlotEntry, state: RouteEntry, tracked: bool, work: Work | None
+    ) -> Release:
         started = self._clock.seconds()
         done = False
 
@@ -308,6 +417,8 @@ class Limiter:
             else:
                 slots.held -= 1
                 state.held -= 1
+            if work is not None:
+                slots.running.discard(work)
             held_for = self._clock.seconds() - started
             average = slots.hold_average
             slots.hold_average = (
@@ -321,6 +432,8 @@ class Limiter:
                 for pair in sorted(p for p in state.waiting if p != key):
                     self._admit(pair, self._slots[pair])
             self._forget_if_idle(state)
+            if self.on_moved:
+                self._moved(key)
 
         return release
 
@@ -337,8 +450,12 @@ class Limiter:
             slots.admitted += 1
             state.held += 1
             slots.wait_seconds += self._clock.seconds() - waiter.enqueued
+            work = waiter.work
+            if work is not None:
+                del self._waiting[work]
+                self._start(slots, work)
             # State is settled before the callback: it may re-enter (release, acquire).
-            waiter.deferred.callback(self._release(key, slots, state, tracked=False))
+            waiter.deferred.callback(self._release(key, slots, state, False, work))
 
     def _unwait(self, state: RouteEntry, key: Pair) -> None:
         state.waiting[key] -= 1
@@ -349,12 +466,21 @@ class Limiter:
         # The Deferred canceller: only runs while the waiter is still queued (a fired Deferred
         # ignores cancel), and Deferred.cancel then errbacks it with CancelledError.
         slots.waiters.remove(waiter)
-        slots.cancelled += 1
+        if not waiter.withdrawn:
+            slots.cancelled += 1
         state = self._routes[waiter.route]
         self._unwait(state, key)
         self._forget_if_idle(state)
         assert waiter.timer is not None
         waiter.timer.cancel()
+        self._unqueue(waiter)
+        if self.on_moved:
+            self._moved(key)
+
+    def _unqueue(self, waiter: Waiter) -> None:
+        if waiter.work is not None:
+            self._waiting.pop(waiter.work, None)
+            waiter.work.seq = -1
 
     def _expire(self, key: Pair, slots: SlotEntry, waiter: Waiter) -> None:
         slots.waiters.remove(waiter)
@@ -362,6 +488,9 @@ class Limiter:
         state = self._routes[waiter.route]
         self._unwait(state, key)
         self._forget_if_idle(state)
+        self._unqueue(waiter)
+        if self.on_moved:
+            self._moved(key)
         assert waiter.deferred is not None
         host, model = key
         waited = self._clock.seconds() - waiter.enqueued
@@ -377,3 +506,28 @@ class Limiter:
         estimate = hold * (len(slots.waiters) + 1) / self._limit(key)
         # Retry-After is whole seconds; below 1 s a client would just hammer the queue.
         return max(1.0, min(estimate, self._queue_timeout))
+
+
+def _ahead(work: Work, of: Work | None) -> bool:
+    """Whether a waiter's `work` goes before `of` (None: a newcomer, behind everyone)."""
+    if of is None:
+        return True
+    return work.priority > of.priority or (work.priority == of.priority and work.seq < of.seq)
+
+
+def _cost(work: Work, prefill: float, decode: float) -> float:
+    """Seconds a request holds its slot: its prefill, then its output."""
+    return work.prefill / prefill + work.output / decode
+
+
+def _remaining(work: Work, now: float, prefill: float, decode: float) -> float:
+    """Seconds until a running request ends: its output left at the decode rate once it
+    streams, else its whole cost less the time it has run; at least one token's time (it
+    has not ended yet)."""
+    streamed = work.streamed()
+    if streamed > 0:
+        left = (work.output - streamed) / decode
+    else:
+        started = now if work.started is None else work.started
+        left = _cost(work, prefill, decode) - (now - started)
+    return max(left, 1 / decode)

@@ -70,6 +70,25 @@ class RouteState:
     queued: int
 
 
+def _nothing_streamed() -> int:
+    return 0
+
+
+@define(eq=False)
+class Work:
+    """What one request asks of its slot, for the expected wait (docs/reference.md, "Slots"):
+    the prompt tokens its host must prefill, the output tokens it is expected to write, and
+    once it holds a slot, since when and how many it has written (`streamed`: a stream's
+    events so far; 0 for an answer that arrives whole)."""
+
+    prefill: int = 0
+    output: int = 0
+    started: float | None = None  # clock seconds it got its slot; None while it waits
+    streamed: Callable[[], int] = _nothing_streamed
+    priority: int = 0  # its route's: a waiter of a higher one goes first
+    seq: int = -1  # its arrival number while it waits (-1: not waiting)
+
+
 @define(eq=False)
 class Waiter:
     """One request waiting in a (host, model)'s queue."""
@@ -81,6 +100,8 @@ class Waiter:
     timer: IDelayedCall | None = None
     tenant: str = ""  # the named client key it is for ("" none): shares its route fairly
     tenant_weight: float = 1.0
+    work: Work | None = None
+    withdrawn: bool = False  # taken out to go elsewhere (the valve), not a client leaving
 
 
 @define(eq=False)
@@ -106,6 +127,7 @@ class SlotEntry:
     """One (host, model)'s slots, queue and counters."""
 
     waiters: FairQueue[Waiter]
+    running: set[Work] = field(factory=set)  # the work of the requests holding its slots
     held: int = 0
     tracked: int = 0
     hold_average: float | None = None

@@ -1,0 +1,133 @@
+"""How fast each host works, learned from its own answers (docs/reference.md, "Slots": rates).
+
+Every answer of llama-server carries `timings`: the prompt tokens it prefilled now and how long
+that took (`prompt_n`, `prompt_ms`), and the tokens it generated and how long that took
+(`predicted_n`, `predicted_ms`). Per (host, model) they give a prefill rate and a decode rate,
+each a decaying ratio of sums (tokens over seconds, the older sums weighing DECAY less with
+each new answer): a big prefill weighs more than a small one, as it should for estimating the
+next big one, and a host that slows down is followed within a few answers. An answer without
+`timings` (an API that drops them) teaches from what crossbar saw instead: the time to its
+first byte for the prefill, the rest of a stream for the decode.
+
+Before a (host, model) has answered, its rates are the mean of the model's other hosts'
+learned rates, else DEFAULT_PREFILL and DEFAULT_DECODE. A route's turns write `output_mean`
+tokens on average (a running mean of every answered turn's completion tokens), which is what a
+request that sets no `max_tokens` is expected to write; DEFAULT_OUTPUT before any has answered.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attrs import define
+
+Pair = tuple[str, str]  # (host, model)
+
+# Before any answer: a GPU box prefills thousands of tokens a second and decodes tens; these
+# err slow on prefill (a move looks dearer, so the first guesses keep conversations home).
+DEFAULT_PREFILL = 1000.0
+DEFAULT_DECODE = 30.0
+DEFAULT_OUTPUT = 256  # tokens a turn writes, until a route's answers say
+DECAY = 0.9  # of the older sums at each new sample: about the last ten answers count
+_OUTPUT_WEIGHT = 0.2  # of the newest completion in a route's running mean
+# Samples too small to say anything: a few tokens' prefill is mostly the request's overhead.
+_MIN_PREFILL_TOKENS = 8
+_MIN_DECODE_TOKENS = 2
+
+
+@define
+class _Rate:
+    """Tokens per second as a decaying ratio of sums."""
+
+    tokens: float = 0.0
+    seconds: float = 0.0
+    samples: int = 0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.tokens = self.tokens * DECAY + tokens
+        self.seconds = self.seconds * DECAY + seconds
+        self.samples += 1
+
+    @property
+    def value(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 else None
+
+
+class Rates:
+    """Prefill and decode rates per (host, model), and each route's mean output."""
+
+    def __init__(self) -> None:
+        self._prefill: dict[Pair, _Rate] = {}
+        self._decode: dict[Pair, _Rate] = {}
+        self._output: dict[str, float] = {}
+
+    def learn(
+        self,
+        host: str,
+        model: str,
+        prefilled: int,
+        prefill_seconds: float,
+        decoded: int,
+        decode_seconds: float,
+    ) -> None:
+        """One answer: `prefilled` prompt tokens took `prefill_seconds`, `decoded` output
+        tokens `decode_seconds`. Samples too small to tell a rate are skipped."""
+        pair = (host, model)
+        if prefilled >= _MIN_PREFILL_TOKENS and prefill_seconds > 0:
+            self._prefill.setdefault(pair, _Rate()).add(prefilled, prefill_seconds)
+        if decoded >= _MIN_DECODE_TOKENS and decode_seconds > 0:
+            self._decode.setdefault(pair, _Rate()).add(decoded, decode_seconds)
+
+    def learn_output(self, route: str, completion: int) -> None:
+        """A turn of `route` wrote `completion` tokens."""
+        mean = self._output.get(route)
+        value = float(completion)
+        self._output[route] = value if mean is None else mean + _OUTPUT_WEIGHT * (value - mean)
+
+    def prefill(self, host: str, model: str) -> float:
+        """Prompt tokens per second `host` prefills for `model` (module doc: its defaults)."""
+        return self._rate(self._prefill, host, model, DEFAULT_PREFILL)
+
+    def decode(self, host: str, model: str) -> float:
+        """Output tokens per second one of `host`'s slots writes for `model`."""
+        return self._rate(self._decode, host, model, DEFAULT_DECODE)
+
+    def output(self, route: str) -> float:
+        """The tokens a turn of `route` is expected to write when it sets no limit."""
+        return self._output.get(route, DEFAULT_OUTPUT)
+
+    def knows_output(self, route: str) -> bool:
+        """Whether `route`'s turns have taught a mean output yet."""
+        return route in self._output
+
+    def source(self, host: str, model: str) -> str:
+        """Where (host, model)'s rates come from: `learned` (its own answers), `model` (the
+        mean of the model's other hosts) or `default`."""
+        pair = (host, model)
+        if pair in self._prefill or pair in self._decode:
+            return "learned"
+        if any(m == model for _, m in (*self._prefill, *self._decode)):
+            return "model"
+        return "default"
+
+    def status(self, host: str, model: str) -> dict[str, Any]:
+        """(host, model)'s rates for GET /api/hosts."""
+        return {
+            "prefill_tokens_per_second": round(self.prefill(host, model), 1),
+            "decode_tokens_per_second": round(self.decode(host, model), 1),
+            "rates_source": self.source(host, model),
+        }
+
+    def forget(self, keep: set[str]) -> None:
+        """Drop what was learned of hosts not in `keep` (a reload removed them)."""
+        for table in (self._prefill, self._decode):
+            for pair in [p for p in table if p[0] not in keep]:
+                del table[pair]
+
+    @staticmethod
+    def _rate(table: dict[Pair, _Rate], host: str, model: str, default: float) -> float:
+        own = table.get((host, model))
+        if own is not None and own.value is not None:
+            return own.value
+        others = [r.value for (_, m), r in table.items() if m == model and r.value is not None]
+        return sum(others) / len(others) if others else default
