@@ -34,6 +34,7 @@ from crossbar.proxy import (
     ProxyResource,
     ProxySite,
     UsageRecorder,
+    Valve,
 )
 from crossbar.store import Store
 from crossbar.tenants import Tenants
@@ -183,9 +184,10 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     `POST /api/reload` calls."""
     p = parts
     placement = Placement(p.table, p.hosts, p.warmth, p.clock)
+    valve = Valve(p.clock, p.table, p.hosts, p.limiter, p.warmth)
     resource = ProxyResource(
         config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
-        p.handoff.handoff, p.tenants, p.tracing,
+        p.handoff.handoff, p.tenants, p.tracing, valve,
     )  # fmt: skip
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,

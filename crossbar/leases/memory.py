@@ -161,11 +161,17 @@ class LeaseMemory:
             self.seen.setdefault(route, set()).add(host)
 
     def adopt(self, key: Key, lease: Lease | None, change_id: int) -> None:
-        """The store's row for `key` (None: none), written by another instance."""
+        """The store's row for `key` (None: none), written by another instance. A lease that
+        came from another host than the one held here moved (the valve's hold reads it)."""
         if lease is None:
             self._forget(key)
-        else:
-            self._remember(lease)
+            return
+        held = self.index.get(key)
+        self._remember(lease)
+        if held is not None and (held.host != lease.host or held.moved):
+            adopted = self.index.get(key)
+            assert adopted is not None
+            adopted.moved = held.host != lease.host or held.created == lease.created
 
     def _remember(self, lease: Lease, copy: bool = True) -> None:
         if copy:

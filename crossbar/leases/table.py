@@ -221,12 +221,17 @@ class Table:
                 return reused
         return await self._locks.run(key, lambda: self._acquire(key, candidates, now, peers, need))
 
-    async def move(self, key: Key, host: str, now: float, reason: str) -> bool:
-        """Move `key`'s lease to `host` (a hand-off); False if gone, there, or lost."""
+    async def move(
+        self, key: Key, host: str, now: float, reason: str, origin: str | None = None
+    ) -> bool:
+        """Move `key`'s lease to `host` (a hand-off, the valve); False if gone, there, lost,
+        or (with `origin`) no longer on `origin`."""
 
         async def moved() -> bool:
             lease = self._index.get(key)
             if lease is None or lease.host == host:
+                return False
+            if origin is not None and lease.host != origin:
                 return False
             with suppress(_Lost):
                 await self._place(key, host, now, reason, lease.host)
@@ -377,7 +382,7 @@ class Table:
 
         The lease counts for `host` from this call on (before any await), so a choice made
         meanwhile for another key sees it."""
-        lease = Lease(key, host, State.ACTIVE, created=now, last_used=now)
+        lease = Lease(key, host, State.ACTIVE, created=now, last_used=now, moved=bool(origin))
         event = LeaseEvent(now, key.route, key.fp, key.model, origin, host, reason)
         change = Change(save=[lease], events=[event], expect=(key, origin))
         placing = (host, key.model)

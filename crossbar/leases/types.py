@@ -34,9 +34,10 @@ class State(enum.Enum):
 class Lease:
     """`key -> host`, with when it was made and last used (seconds, from the injected clock).
 
-    The last four fields are the host's cache truth for the lease's last turn (warmth.py), in
-    memory only: the store keeps none of them, a move or a restart starts them afresh, and they
-    take no part in comparing leases."""
+    The last five fields are in memory only: the store keeps none of them, a move or a restart
+    starts them afresh, and they take no part in comparing leases. Four are the host's cache
+    truth for the lease's last turn (warmth.py); `moved` says the lease came to its host by a
+    move (at `created`), which the valve's hold reads."""
 
     key: Key
     host: str
@@ -47,6 +48,7 @@ class Lease:
     turn_cached: int = field(default=0, eq=False)  # of which the host had cached
     cold: bool = field(default=False, eq=False)  # the last turn found its prefix evicted
     turn_opening: str = field(default="", eq=False)  # what the last turn's prompt began with
+    moved: bool = field(default=False, eq=False)  # it came to its host by a move, at `created`
 
 
 @frozen

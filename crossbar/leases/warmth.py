@@ -13,6 +13,12 @@ conversation's last turn (the ones that pushed it out, itself included) are more
 the running average of those is its capacity. New conversations go where the tokens of the
 active conversations (used within ACTIVE_WINDOW) leave room for them (chooser.py); a host whose
 capacity is unknown always has room, so it is neither preferred nor penalised for it.
+
+Two more readings feed the valve (proxy/valve.py): a host's recent eviction share (of its
+reused turns, how many lately found their prefix gone: a host whose slots other busy
+conversations keep taking is not really warm for any of them), and, per route and model, what
+a conversation's first turn on the host found cached (a shared system prompt): what a
+conversation moved there would find.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ MIN_LOST = 32
 # conversation is placed where the active ones, itself included, stay within this share of it.
 ROOM_SHARE = 0.8
 _LEARN_WEIGHT = 0.25  # of each new eviction's sample in the learned capacity
+_SHARE_WEIGHT = 0.25  # of each reused turn in a host's eviction share
+_FRESH_WEIGHT = 0.25  # of each first turn's cached tokens in what a newcomer finds
+_FRESH_KEPT = 1024  # (route, model) pairs whose first turns a host remembers, newest kept
 
 
 @define
@@ -50,6 +59,9 @@ class HostWarmth:
     learned: float | None = None  # from evictions
     evictions: int = 0  # reused turns that found their prefix gone
     kept: int = 0  # reused turns that found it
+    eviction_share: float = 0.0  # of the recent reused turns, those that found it gone
+    # (route, model) -> the cached tokens a conversation's first turn here found, on average.
+    fresh: OrderedDict[tuple[str, str], float] = field(factory=OrderedDict)
     # Conversations served within ACTIVE_WINDOW, oldest first: tokens of their last turn
     # (prompt and reply, what the host holds for them) and when it ended.
     _active: OrderedDict[Key, tuple[int, float]] = field(factory=OrderedDict)
@@ -89,6 +101,14 @@ class HostWarmth:
                 return total + own[0]
             total += tokens
         return None  # not reached: `key` is in the dict
+
+    def first_turn(self, route: str, model: str, cached: int) -> None:
+        """A conversation's first turn here found `cached` tokens (a shared prefix)."""
+        pair = (route, model)
+        mean = self.fresh.pop(pair, None)
+        self.fresh[pair] = cached if mean is None else mean + _FRESH_WEIGHT * (cached - mean)
+        if len(self.fresh) > _FRESH_KEPT:
+            self.fresh.popitem(last=False)
 
     def learn(self, sample: int) -> None:
         if self.learned is None:
@@ -154,6 +174,7 @@ class Warmth:
         if previous > 0 and continues:
             lost = previous - cached
             evicted = cached < KEPT_SHARE * previous and lost >= MIN_LOST
+            warmth.eviction_share += _SHARE_WEIGHT * (float(evicted) - warmth.eviction_share)
             if evicted:
                 warmth.evictions += 1
                 warmth.active_tokens(now)  # expire first: a sample counts active ones only
@@ -162,10 +183,24 @@ class Warmth:
                     warmth.learn(pressure)
             else:
                 warmth.kept += 1
+        elif previous == 0:
+            warmth.first_turn(lease.key.route, lease.key.model, cached)
         lease.turn_prompt, lease.turn_cached, lease.cold = prompt, cached, evicted
         lease.turn_opening = opening
         warmth.served(lease.key, prompt + completion, now)
         return evicted
+
+    def shared(self, host: str, route: str, model: str) -> int:
+        """Tokens a conversation of `route` new to `host` is expected to find cached there:
+        what its other conversations' first turns found (0 until one has answered)."""
+        warmth = self._hosts.get(host)
+        mean = None if warmth is None else warmth.fresh.get((route, model))
+        return 0 if mean is None else round(mean)
+
+    def eviction_share(self, host: str) -> float:
+        """Of `host`'s recent reused turns, the share that found their prefix evicted."""
+        warmth = self._hosts.get(host)
+        return 0.0 if warmth is None else warmth.eviction_share
 
     def room(self, host: str, need: int, leaving: Lease | None = None) -> bool:
         """Whether `need` more tokens fit beside the host's active conversations (`leaving`:
@@ -193,6 +228,7 @@ class Warmth:
         return {
             "evictions": warmth.evictions,
             "kept_turns": warmth.kept,
+            "eviction_share": round(warmth.eviction_share, 3),
             "warm_capacity": warmth.capacity,
             "warm_capacity_source": "config"
             if warmth.configured is not None

@@ -1,6 +1,7 @@
 """The client-facing request sequence (docs/architecture.md, "A request, step by step"): route,
-dialect, model, fingerprint, lease, guard, slot, upstream, relay, usage; the sites and channels
-that carry it, CORS, and the refusals that map domain errors to HTTP. It knows the warm hand-off
+dialect, model, fingerprint, lease, guard, slot, upstream, relay, usage; the valve that moves a
+queued turn where it starts sooner; the sites and channels that carry it, CORS, and the
+refusals that map domain errors to HTTP. It knows the warm hand-off
 only as a `TurnGate`.
 """
 
@@ -10,6 +11,7 @@ from crossbar.proxy.placement import Placement
 from crossbar.proxy.resource import ProxyResource
 from crossbar.proxy.site import AdminSite, ProxySite
 from crossbar.proxy.usage import UsageRecorder
+from crossbar.proxy.valve import Valve
 
 __all__ = [
     "AdminSite",
@@ -19,4 +21,5 @@ __all__ = [
     "ProxyResource",
     "ProxySite",
     "UsageRecorder",
+    "Valve",
 ]

@@ -45,6 +45,11 @@ class Placement:
         self._warmth = warmth
         self._clock = clock
 
+    @property
+    def warmth(self) -> Warmth:
+        """The cache truth the placement reads (and teaches)."""
+        return self._warmth
+
     def expected_cached(self, call: Call, acquired: Acquired) -> int:
         """Prompt tokens a call's host is expected to have cached: what the previous turn of
         a reused lease left there (0 for a new lease, or one whose host evicted it)."""

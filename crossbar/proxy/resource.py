@@ -23,8 +23,8 @@ from twisted.web.server import NOT_DONE_YET
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, LeaseError, NoHost
-from crossbar.limiter import Limiter, LimiterError, Release
-from crossbar.proxy import cors, traced
+from crossbar.limiter import Limiter, LimiterError, Release, Work
+from crossbar.proxy import cors, pace, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
 from crossbar.proxy.fingerprint import conversation
@@ -40,6 +40,7 @@ from crossbar.proxy.routing import (
     split_route,
 )
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
+from crossbar.proxy.valve import Placed, Replace, Turn, Valve
 from crossbar.tenants import ClientKey, KeyRefused, OverLimit, Reservation, Tenants
 from crossbar.wire import (
     INTERNAL,
@@ -103,18 +104,6 @@ def _noop() -> None:
     pass
 
 
-def _output_limit(call: Call) -> int | None:
-    """The output tokens a call asks for at most (its dialect's max_tokens and the like)."""
-    body = call.inbound.body
-    if not isinstance(body, dict):
-        return None
-    for name in call.dialect.output_fields:
-        value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return None
-
-
 def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
     """The request's `http.route`: crossbar's URL with the route name left out, for a path
     crossbar serves (None for any other: a client's invented path is no template)."""
@@ -151,9 +140,12 @@ class ProxyResource(Resource):
         gate: TurnGate | None = None,
         tenants: Tenants | None = None,
         tracing: Tracing | None = None,
+        valve: Valve | None = None,
     ) -> None:
-        """`tracing`: crossbar's spans (None, the default: tracing off, and no cost)."""
+        """`tracing`: crossbar's spans (None, the default: tracing off, and no cost);
+        `valve`: moves queued turns where they start sooner (None: every turn waits at home)."""
         super().__init__()
+        self._valve = valve
         self._tenants = tenants
         self._config = config
         self._clock = clock
@@ -380,7 +372,7 @@ class ProxyResource(Resource):
         charged: list[Reservation] | None = None,
     ) -> None:
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
-        removed = 0
+        removed = 0  # placed again because a reload removed the host, or the valve lost a race
         trace = ex.trace
         while True:
             if trace is None:
@@ -390,6 +382,7 @@ class ProxyResource(Resource):
                 acquired = await traced.place(trace, self._placement, call, placing)
             ex.host = host = acquired.host
             ex.lease = "pinned" if acquired.pinned else "reused" if acquired.reused else "new"
+            exact = None
             if call.kind is Kind.INFERENCE:
                 try:
                     exact = await self._check_context(call, host, ex)
@@ -398,7 +391,15 @@ class ProxyResource(Resource):
                 except ClientError:
                     await self._placement.refused(call, acquired)  # places nothing
                     raise
-            release = await self._slot(call, host, ex, key)
+            try:
+                release, host, work = await self._slot(call, acquired, ex, key, exact)
+            except Replace:
+                removed += 1
+                if removed < _REMOVED_RETRIES:
+                    continue
+                raise unavailable(
+                    "the conversation's host changed as it waited; try again", 1
+                ) from None
             host_config = self._config.hosts.get(host)
             if host_config is None:  # a reload removed it while we waited
                 release()
@@ -411,6 +412,7 @@ class ProxyResource(Resource):
                 out = prepare(host_config, model, call.inbound)
                 if trace is not None:
                     out = self._attempt(trace, call, ex, host_config, model, out)
+                sent = self._clock.seconds()
                 response = await self._upstream.send(out)
             except UpstreamFailure as failure:
                 release()
@@ -429,9 +431,11 @@ class ProxyResource(Resource):
                 release()
                 raise
             try:
-                await self._relay(request, call, ex, response)
+                await self._relay(request, call, ex, response, work)
             finally:
                 release()
+            if call.kind is Kind.INFERENCE:
+                pace.learn(self._limiter.rates, call, ex, sent, self._clock.seconds())
             await self._placement.answered(call, acquired, ex.status, ex.tokens)
             return
 
@@ -477,7 +481,7 @@ class ProxyResource(Resource):
         meter = self._tenants.meter
         prompt = exact if exact is not None else call.need
         cached = min(prompt, self._placement.expected_cached(call, acquired))
-        estimate = meter.estimate(key, prompt, cached, _output_limit(call))
+        estimate = meter.estimate(key, prompt, cached, pace.output_limit(call))
         try:
             return meter.admit(key, estimate, self._clock.seconds(), prompt, cached)
         except OverLimit as e:
@@ -502,25 +506,61 @@ class ProxyResource(Resource):
         return await traced.guard(ex.trace, check, count, host, limit)
 
     async def _slot(
-        self, call: Call, host: str, ex: Exchange, key: ClientKey | None = None
-    ) -> Release:
+        self,
+        call: Call,
+        acquired: Acquired,
+        ex: Exchange,
+        key: ClientKey | None,
+        exact: int | None,
+    ) -> tuple[Release, str, Work | None]:
+        """A slot for `call` on its host, or on the host the valve moves it to: the release,
+        the host, and the work it brings there. Raises Replace when the valve found the lease
+        gone elsewhere."""
+        host = acquired.host
         if call.kind is not Kind.INFERENCE:
-            return _noop  # control calls take neither a slot nor a queue place
+            return _noop, host, None  # control calls take neither a slot nor a queue place
+        prompt = exact if exact is not None else call.need
+        warm = self._placement.expected_cached(call, acquired)
+        output = self._expected_output(call, key)
+        prefill = prompt - pace.held_on(self._placement.warmth, host, call, prompt, warm)
+        work = Work(prefill, output)
         if not call.route.queues():
-            return self._limiter.track(host, call.model, call.route.limits)
+            return self._limiter.track(host, call.model, call.route.limits, work), host, work
         waited = self._clock.seconds()
         try:
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
-            pending = self._limiter.acquire(host, call.model, call.route.limits, tenant)
+            pending = self._limiter.acquire(host, call.model, call.route.limits, tenant, work)
+            valve = self._valve
+            if pending.called or valve is None or not valve.eligible(call, acquired):
+                slot: Deferred[Placed] = pending.addCallback(Placed, host)
+            else:
+                turn = Turn(call, host, work, prompt, warm, tenant, waited)
+                slot = Deferred.fromCoroutine(valve.wait(turn, pending))
             if ex.trace is None:
-                return await pending
-            return await traced.queue(ex.trace, pending, self._limiter, call, host, self._clock)
+                placed = await slot
+            else:
+                placed = await traced.queue(ex.trace, slot, self._limiter, call, host, self._clock)
         except LimiterError as e:
             raise for_exception(e, self._where(call, host)) from None
         finally:
             ex.queue_ms += (self._clock.seconds() - waited) * 1000
+        verdict = placed.verdict
+        if verdict is not None:
+            ex.host = placed.host
+            ex.lease = "moved" if acquired.reused else "new"
+            if ex.trace is not None:
+                traced.valve_moved(ex.trace, call, host, verdict)
+        return placed.release, placed.host, work
 
-    async def _relay(self, request: Any, call: Call, ex: Exchange, response: Any) -> None:
+    def _expected_output(self, call: Call, key: ClientKey | None) -> int:
+        mean = None
+        if key is not None and self._tenants is not None:
+            mean = self._tenants.meter.mean_completion(key.name)
+        return pace.expected_output(call, self._limiter.rates, mean)
+
+    async def _relay(
+        self, request: Any, call: Call, ex: Exchange, response: Any, work: Work | None = None
+    ) -> None:
         host, fp, trace = ex.host, ex.fp, ex.trace
 
         def remember(id_: str) -> None:
@@ -532,6 +572,8 @@ class ProxyResource(Resource):
         # A route that records contents keeps the answer's first bytes for its span.
         kind = KeepingRelay if trace is not None and call.route.record_content else Relay
         relay = kind(request, self._clock, timeouts, call.dialect, host, remember)
+        if work is not None:
+            work.streamed = relay.streamed  # the expected wait counts what has been written
         extra = [
             (b"X-Crossbar-Host", host.encode()),
             (b"X-Crossbar-Lease", ex.lease.encode()),

@@ -6,18 +6,21 @@ context guard's exact count and the queue wait, each a child of the request's SE
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred
 
 from crossbar.leases import Acquired
-from crossbar.limiter import Limiter, LimiterError, QueueTimeout, Release
+from crossbar.limiter import Limiter, LimiterError, QueueTimeout
 from crossbar.proxy.call import Call
 from crossbar.proxy.placement import Placement
+from crossbar.proxy.valve import Verdict
 from crossbar.wire import ClientError
 
 if TYPE_CHECKING:
     from crossbar.tracing import RequestTrace
+
+T = TypeVar("T")
 
 
 def _failure(e: BaseException) -> str:
@@ -107,14 +110,29 @@ async def guard(
             trace.end(span, attributes)
 
 
+def valve_moved(trace: RequestTrace, call: Call, home: str, verdict: Verdict) -> None:
+    """A `crossbar.lease` span for the valve's move of a queued turn: moved, reason `busy`,
+    from its home host, with the seconds it expected to wait at home and on the new host."""
+    span = trace.start("crossbar.lease", _conversation(call))
+    attributes = {
+        "crossbar.lease": "moved",
+        "crossbar.lease.reason": "busy",
+        "crossbar.host": verdict.host,
+        "crossbar.lease.from": home,
+        "crossbar.valve.stay_s": round(verdict.stay, 3),
+        "crossbar.valve.move_s": round(verdict.move, 3),
+    }
+    trace.end(span, attributes)
+
+
 async def queue(
     trace: RequestTrace,
-    pending: Deferred[Release],
+    pending: Deferred[T],
     limiter: Limiter,
     call: Call,
     host: str,
     clock: Any,
-) -> Release:
+) -> T:
     """The wait for a slot in a `crossbar.queue` span: the route, the place in the queue on
     arrival (0: a slot was free) and the milliseconds waited."""
     began = clock.seconds()

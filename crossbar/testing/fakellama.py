@@ -118,6 +118,12 @@ class FakeLlama:
         self._stopped = False
 
     @property
+    def factory(self) -> WrappingFactory:
+        """The factory of its HTTP connections: serve the fake without a port (an in-memory
+        network's host, its `reactor` a Clock) by building protocols from it."""
+        return self._connections
+
+    @property
     def loading(self) -> bool:
         """True while the load delay runs or the `loading` fault is on."""
         return self.faults.loading or self._load_timer is not None

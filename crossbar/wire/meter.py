@@ -21,11 +21,15 @@ LINE_KEEP = 1024 * 1024
 
 @define
 class Tokens:
-    """Token counts of one response: prompt (all of it), cached (of the prompt), completion."""
+    """Token counts of one response: prompt (all of it), cached (of the prompt), completion;
+    and, when the host said (llama.cpp's `timings`), the milliseconds its prefill of the
+    uncached part and its output took (0: not said)."""
 
     prompt: int = 0
     cached: int = 0
     completion: int = 0
+    prompt_ms: float = field(default=0.0, eq=False)
+    predicted_ms: float = field(default=0.0, eq=False)
 
 
 Reader = Callable[[Any, "Tokens"], bool]  # fills tokens from one object; True if it had any
@@ -64,6 +68,10 @@ def _timings(obj: dict[str, Any], tokens: Tokens) -> bool:
         return False
     cache_n, prompt_n = timings.get("cache_n"), timings.get("prompt_n")
     predicted_n = timings.get("predicted_n")
+    for name in ("prompt_ms", "predicted_ms"):
+        ms = timings.get(name)
+        if isinstance(ms, int | float) and not isinstance(ms, bool) and ms >= 0:
+            setattr(tokens, name, float(ms))
     if isinstance(cache_n, int):
         tokens.cached = cache_n
     if isinstance(cache_n, int) and isinstance(prompt_n, int):

@@ -165,6 +165,11 @@ class Relay:
         """Tokens of the answer as far as it went."""
         return self._meter.tokens if self._meter is not None else Tokens()
 
+    def streamed(self) -> int:
+        """Events of a stream relayed so far (about its output tokens); 0 for a whole answer
+        and before the body began."""
+        return self._meter.events if self._meter is not None else 0
+
     async def run(self, response: IResponse, extra: Iterable[tuple[bytes, bytes]]) -> None:
         """Relay status, headers (plus `extra`) and the body; make a cut stream detectable."""
         request = self._request

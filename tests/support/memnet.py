@@ -32,6 +32,7 @@ from zope.interface import directlyProvides, implementer
 
 from crossbar.app.wiring import Parts, Sites, build_parts, make_sites
 from crossbar.config.values import parse_config
+from crossbar.testing.fakellama import FakeLlama
 from tests.support.lease_fakes import MemoryStore, run_now
 
 MODEL = "qwen-coder"
@@ -163,6 +164,29 @@ class Net:
     stall: set[str] = field(factory=set)  # hosts whose name lookups never finish
     names: StalledNames = field(factory=StalledNames)
     on_request: dict[str, Callable[[Host], None]] = field(factory=dict)
+    # Hosts served by a fake llama-server on the net's clock (`serve`), by name.
+    fakes: dict[str, FakeLlama] = field(factory=dict)
+
+    def serve(self, name: str, **config: Any) -> FakeLlama:
+        """Serve host `name` with a fake llama-server whose time is the net's clock: its
+        prefill and decode take clock time, so a story moves them by advancing it."""
+        fake = self.fakes[name] = FakeLlama(self.clock, models=[MODEL], **config)
+        return fake
+
+    def run(self, seconds: float) -> None:
+        """Let `seconds` of clock time pass, stopping at each timer due on the way (exactly
+        when it is due) and moving every byte after each."""
+        clock = self.clock
+        end = clock.seconds() + seconds
+        self.flush()
+        while True:
+            due = min((c.getTime() for c in clock.getDelayedCalls()), default=end)
+            step = min(due, end) - clock.seconds()
+            if step > 0:
+                clock.advance(step)
+            self.flush()
+            if clock.seconds() >= end:
+                return
 
     def endpoints(self) -> IAgentEndpointFactory:
         return _Endpoints(self)
@@ -181,6 +205,10 @@ class Net:
             pending.addBoth(lambda result: (timer.active() and timer.cancel(), result)[1])
             return pending
         client = factory.buildProtocol(None)
+        fake = self.fakes.get(name)
+        if fake is not None:
+            self._join(fake.factory.buildProtocol(None), client)
+            return succeed(client)
         host = Host(self, name)
         self.connections.setdefault(name, []).append(host)
         self._join(host, client)
@@ -304,10 +332,13 @@ def start(
     hosts: tuple[str, ...] = ("titan", "atlas"),
     parallel: int = 2,
     keys: dict[str, Any] | None = None,
+    net: Net | None = None,
+    store: MemoryStore | None = None,
     **server: Any,
 ) -> Crossbar:
-    """crossbar with `hosts` (`parallel` slots each) on a new in-memory net."""
-    net = Net()
+    """crossbar with `hosts` (`parallel` slots each) on a new in-memory net (or `net`, beside
+    the crossbars already on it; with `store`, sharing theirs: instances of one fleet)."""
+    net = net or Net()
     config = parse_config(
         {
             "server": {"db": ":memory:", **server},
@@ -319,7 +350,7 @@ def start(
             "keys": keys or {},
         }
     )
-    store = MemoryStore()
+    store = store if store is not None else MemoryStore()
     parts = run_now(build_parts(config, net.clock, store=store, endpoints=net.endpoints()))
 
     async def no_reload() -> list[str]:
