@@ -7,11 +7,9 @@ says was prefilled and cached (`account`), and the table of a sitting (`summariz
 from __future__ import annotations
 
 import json
-import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 from measure import (
@@ -23,48 +21,8 @@ from twisted.internet import defer
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
-from crossbar.demo.plan import DemoError
-
-MODEL = "gemma"
-ROUTE = "bench"
-ROUTERS = ("ideal", "round-robin", "crossbar", "smg", "vllm-router")
-PEERS = ("smg", "vllm-router")
-PORTS = range(21000, 22000)  # this bench's share of the machine's ports
-CACHE = Path.home() / ".cache" / "crossbar-real"
-LLAMA_SERVER = CACHE / "llama.cpp" / "build" / "bin" / "llama-server"
-LLAMA_MODEL = CACHE / "gemma-3-270m-q4_k_m.gguf"
-# As the December 2026 comparison ran them: `--cache-ram 24` (MiB) keeps only a few of this
-# tiny model's conversations per host, as a GPU box keeps only a few long ones of a big model;
-# with the default 8 GiB even round-robin matches the ideal, every host keeping everything.
-LLAMA_ARGS = ("-np", "2", "-c", "8192", "-t", "1", "--cache-ram", "24", "--no-repack")
-START_SECONDS = 120.0  # a llama-server loads this model in a few seconds, slower when busy
-TURN_SECONDS = 300.0  # one answer, queued behind others on a busy 2-core machine
-
-
-class PortPicker:
-    """Ports from this bench's range, each checked free and never handed out twice in a
-    sitting (a port a router just left may still be in TIME_WAIT)."""
-
-    def __init__(self, ports: range = PORTS) -> None:
-        self._next: Iterator[int] = iter(ports)
-
-    def take(self, n: int) -> list[int]:
-        taken: list[int] = []
-        for port in self._next:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            taken.append(port)
-            if len(taken) == n:
-                return taken
-        raise DemoError(f"fewer than {n} free ports left in {PORTS.start}-{PORTS.stop - 1}")
-
-
 MODEL = "gemma"
 TURN_SECONDS = 300.0  # one answer, queued behind others on a busy 2-core machine
-
 
 # About 330 tokens for Gemma 3's tokenizer with the chat template's markers (two first turns
 # share 333), the same in every conversation: the prefix a cache-aware router may find anywhere.
