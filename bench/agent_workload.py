@@ -291,7 +291,10 @@ async def run_phases(
     conversation keeps its messages from phase to phase, its turns numbered on. One whose turn
     fails (not 200, no reply, no token counts) ends there, with that turn's error, and sends
     nothing in later phases. The results in (conversation, turn) order."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
+    # llama-server (cpp-httplib) closes the connection after a streamed answer while its
+    # headers say keep-alive: a turn sent on it at once would fail unanswered. Streamed turns
+    # each take a new connection, to a router as to a host, so every router pays the same.
+    pool = HTTPConnectionPool(reactor, persistent=not workload.stream)
     pool.maxPersistentPerHost = max((p.at_once for p in phases), default=1)
     pool.retryAutomatically = False
     agent = Agent(reactor, pool=pool)
