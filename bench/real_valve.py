@@ -21,7 +21,8 @@ as bench/agent_workload.py builds them; a shared ~330-token system prompt; strea
   and one of the next host's work `--turns` turns each (default 3), all at once, thinking
   0..`--think` s (default 2, seeded by `--seed`, the same for every router) before each turn
   after their first, while the others think. Strict stickiness queues three busy agents on one
-  one-slot host beside two idle ones. About a minute a run on 2 quiet cores.
+  one-slot host beside two idle ones. A run took 36 s of turns (40 s with the start) on 2
+  cores with the load at 1.3: a default sitting, 5 routers x 3 runs, about 10 minutes.
 - `shape`: the shape the issue measured: 2 hosts, one slot each, `--cache-ram 512`; six
   conversations begin one at a time (3/3), then `--rounds` rounds in which two conversations
   that share a host work `--turns` turns each at once while the others think.
