@@ -1,17 +1,19 @@
-"""The agent workload of bench/real_cache.py, with no router in it: conversations that share a
-system prompt, each turn the whole conversation so far as one chat completion, a few running
-at once; where each request goes (`Target`), which host served it (`HostOf`), what its answer
-says was prefilled and cached (`account`), and the table of a sitting (`summarize`, `report`).
+"""The agent workload of bench/real_cache.py and bench/real_valve.py, with no router in it:
+conversations that share a system prompt, each turn the whole conversation so far as one chat
+completion (whole, or streamed and timed to its first token: `read_stream`), run in phases
+(`Phase`: which conversations work at once, how many turns each, thinking how long before each);
+where each request goes (`Target`), which host served it (`HostOf`), what its answer says was
+prefilled and cached (`account`), and the table of a sitting (`summarize`, `report`).
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import sys
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
+from itertools import accumulate
 from typing import Any, TextIO
 
 from measure import (
@@ -19,52 +21,12 @@ from measure import (
     Reader,
     percentile,
 )
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
 
-from crossbar.demo.plan import DemoError
-
-MODEL = "gemma"
-ROUTE = "bench"
-ROUTERS = ("ideal", "round-robin", "crossbar", "smg", "vllm-router")
-PEERS = ("smg", "vllm-router")
-PORTS = range(21000, 22000)  # this bench's share of the machine's ports
-CACHE = Path.home() / ".cache" / "crossbar-real"
-LLAMA_SERVER = CACHE / "llama.cpp" / "build" / "bin" / "llama-server"
-LLAMA_MODEL = CACHE / "gemma-3-270m-q4_k_m.gguf"
-# As the December 2026 comparison ran them: `--cache-ram 24` (MiB) keeps only a few of this
-# tiny model's conversations per host, as a GPU box keeps only a few long ones of a big model;
-# with the default 8 GiB even round-robin matches the ideal, every host keeping everything.
-LLAMA_ARGS = ("-np", "2", "-c", "8192", "-t", "1", "--cache-ram", "24", "--no-repack")
-START_SECONDS = 120.0  # a llama-server loads this model in a few seconds, slower when busy
-TURN_SECONDS = 300.0  # one answer, queued behind others on a busy 2-core machine
-
-
-class PortPicker:
-    """Ports from this bench's range, each checked free and never handed out twice in a
-    sitting (a port a router just left may still be in TIME_WAIT)."""
-
-    def __init__(self, ports: range = PORTS) -> None:
-        self._next: Iterator[int] = iter(ports)
-
-    def take(self, n: int) -> list[int]:
-        taken: list[int] = []
-        for port in self._next:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            taken.append(port)
-            if len(taken) == n:
-                return taken
-        raise DemoError(f"fewer than {n} free ports left in {PORTS.start}-{PORTS.stop - 1}")
-
-
 MODEL = "gemma"
 TURN_SECONDS = 300.0  # one answer, queued behind others on a busy 2-core machine
-
 
 # About 330 tokens for Gemma 3's tokenizer with the chat template's markers (two first turns
 # share 333), the same in every conversation: the prefix a cache-aware router may find anywhere.
@@ -119,6 +81,8 @@ class Workload:
     at_once: int = 3
     max_tokens: int = 24
     system: str = SYSTEM_PROMPT
+    # streamed (SSE, with `stream_options.include_usage`): each turn's first token is timed
+    stream: bool = False
 
 
 def first_message(conversation: int) -> str:
@@ -134,14 +98,17 @@ def next_message(turn: int) -> str:
 
 
 def request_body(workload: Workload, messages: list[dict[str, str]]) -> bytes:
-    """One turn's request: the conversation so far, greedy, short reply, not streamed."""
-    body = {
+    """One turn's request: the conversation so far, greedy, short reply; streamed with the
+    usage in the last chunk if `workload.stream`."""
+    body: dict[str, Any] = {
         "model": MODEL,
         "messages": messages,
         "max_tokens": workload.max_tokens,
         "temperature": 0,
-        "stream": False,
+        "stream": workload.stream,
     }
+    if workload.stream:
+        body["stream_options"] = {"include_usage": True}
     return json.dumps(body).encode()
 
 
@@ -158,6 +125,8 @@ class TurnResult:
     prompt_n: int = 0
     cache_n: int = 0
     from_timings: bool = True
+    # streamed turns: request sent to the first event that carries reply text
+    ttft_s: float | None = None
     error: str = ""
 
 
@@ -172,6 +141,64 @@ def account(answer: dict[str, Any]) -> tuple[int, int, bool]:
         raise ValueError(f"an answer with neither timings nor usage: {str(answer)[:200]}")
     cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0))
     return int(usage["prompt_tokens"]) - cached, cached, False
+
+
+@dataclass
+class Streamed:
+    """What a streamed chat answer said: the reply's text, an answer-shaped dict for `account`
+    (the last `timings` and `usage` any chunk carried), and the arrival time of the first
+    chunk that carried reply text (None: there was none)."""
+
+    reply: str
+    answer: dict[str, Any]
+    first_content: float | None
+
+
+def sse_events(data: bytes) -> Iterator[tuple[int, bytes]]:
+    """Each server-sent event's data (its `data:` lines joined) with the offset just past the
+    blank line that ended it (or past the end, for a last event that has none)."""
+    offset, lines = 0, []
+    for line in data.splitlines(keepends=True):
+        offset += len(line)
+        text = line.rstrip(b"\r\n")
+        if text.startswith(b"data:"):
+            value = text[5:]
+            lines.append(value[1:] if value.startswith(b" ") else value)
+        elif not text and lines:
+            yield offset, b"\n".join(lines)
+            lines = []
+    if lines:
+        yield offset, b"\n".join(lines)
+
+
+def read_stream(chunks: list[bytes], times: list[float]) -> Streamed:
+    """A streamed OpenAI chat answer, read from its body's chunks and their arrival `times`
+    (measure.Reader's): an event counts as arrived with the chunk that held its last byte.
+    Text is `delta.content` (or `delta.reasoning_content`, a thinking model's first tokens).
+    llama-server puts `timings` in the last chunk and `usage` there when asked. ValueError for
+    an error event or an event that is not JSON."""
+    ends = list(accumulate(len(c) for c in chunks))
+    pieces: list[str] = []
+    answer: dict[str, Any] = {}
+    first: float | None = None
+    for offset, data in sse_events(b"".join(chunks)):
+        if data == b"[DONE]":
+            continue
+        event = json.loads(data)
+        if not isinstance(event, dict):
+            raise ValueError(f"an event that is not an object: {data[:200]!r}")
+        if "error" in event:
+            raise ValueError(f"error event: {data[:200].decode(errors='replace')}")
+        for key in ("timings", "usage"):
+            if isinstance(event.get(key), dict):
+                answer[key] = event[key]
+        for choice in event.get("choices") or []:
+            delta = choice.get("delta") or {}
+            text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+            if text and first is None:
+                first = times[min(bisect_left(ends, offset), len(times) - 1)]
+            pieces.append(delta.get("content") or "")
+    return Streamed("".join(pieces), answer, first)
 
 
 # Where one request goes: (conversation, turn) -> the chat completions URL.
@@ -214,6 +241,31 @@ def header_host(header: bytes, names: dict[str, str]) -> HostOf:
     return host_of
 
 
+@dataclass(frozen=True)
+class Phase:
+    """Conversations that work at once, `at_once` at a time (in their order, each starting as
+    another finishes): conversation `conversations[i]` sends `len(thinks[i])` turns one after
+    another, waiting `thinks[i][k]` seconds before its k-th (the think time of an agent between
+    two turns). The next phase begins when every conversation of this one is done."""
+
+    name: str
+    conversations: tuple[int, ...]
+    thinks: tuple[tuple[float, ...], ...]
+    at_once: int
+
+    @property
+    def turns(self) -> int:
+        """The turns of this phase, all conversations together."""
+        return sum(len(t) for t in self.thinks)
+
+
+def phases_of(workload: Workload) -> list[Phase]:
+    """bench/real_cache.py's workload as one phase: every conversation `turns` turns with no
+    thinking, `at_once` at a time."""
+    thinks = ((0.0,) * workload.turns,) * workload.conversations
+    return [Phase("all", tuple(range(workload.conversations)), thinks, workload.at_once)]
+
+
 async def run_workload(
     reactor: Any,
     target: Target,
@@ -222,21 +274,47 @@ async def run_workload(
     progress: TextIO | None = None,
 ) -> list[TurnResult]:
     """Every conversation of `workload`, `at_once` at a time, each turn sent once the last
-    one's answer is in; a conversation whose turn fails (not 200, no reply, no token counts)
-    ends there, with that turn's error. The results in (conversation, turn) order."""
-    pool = HTTPConnectionPool(reactor, persistent=True)
-    pool.maxPersistentPerHost = workload.at_once
+    one's answer is in (`run_phases` with `phases_of(workload)`)."""
+    return await run_phases(reactor, target, workload, phases_of(workload), host_of, progress)
+
+
+async def run_phases(
+    reactor: Any,
+    target: Target,
+    workload: Workload,
+    phases: list[Phase],
+    host_of: HostOf,
+    progress: TextIO | None = None,
+) -> list[TurnResult]:
+    """The phases one after another, every turn sent once its conversation's last answer is in
+    and its think time has passed (`reactor`'s time: none is waited for a think time of 0); a
+    conversation keeps its messages from phase to phase, its turns numbered on. One whose turn
+    fails (not 200, no reply, no token counts) ends there, with that turn's error, and sends
+    nothing in later phases. The results in (conversation, turn) order."""
+    # llama-server (cpp-httplib) closes the connection after a streamed answer while its
+    # headers say keep-alive: a turn sent on it at once would fail unanswered. Streamed turns
+    # each take a new connection, to a router as to a host, so every router pays the same.
+    pool = HTTPConnectionPool(reactor, persistent=not workload.stream)
+    pool.maxPersistentPerHost = max((p.at_once for p in phases), default=1)
     pool.retryAutomatically = False
     agent = Agent(reactor, pool=pool)
     results: list[TurnResult] = []
-    gate = defer.DeferredSemaphore(workload.at_once)
+    chats: dict[int, list[dict[str, str]]] = {}  # each conversation's messages so far
+    failed: set[int] = set()
+    last_phase = {c: n for n, phase in enumerate(phases) for c in phase.conversations}
 
-    async def conversation(i: int) -> None:
-        messages = [
+    async def conversation(n: int, i: int, thinks: tuple[float, ...]) -> None:
+        if i in failed:
+            return
+        opening = [
             {"role": "system", "content": workload.system},
             {"role": "user", "content": first_message(i)},
         ]
-        for turn in range(1, workload.turns + 1):
+        messages = chats.setdefault(i, opening)
+        for think in thinks:
+            if think > 0:
+                await task.deferLater(reactor, think, lambda: None)
+            turn = sum(1 for m in messages if m["role"] == "assistant") + 1
             if turn > 1:
                 messages.append({"role": "user", "content": next_message(turn)})
             result = TurnResult(i, turn)
@@ -244,22 +322,28 @@ async def run_workload(
             url = target(i, turn)
             reply = await one_turn(reactor, agent, url, workload, messages, host_of, result)
             if reply is None:
+                failed.add(i)
                 break
             messages.append({"role": "assistant", "content": reply})
-        if progress is not None:
+        if progress is not None and (last_phase[i] == n or i in failed):
             done = sum(1 for r in results if r.status)
             print(
                 f"    conversation {i + 1} ended ({done} turns so far)", file=progress, flush=True
             )
 
     try:
-        await defer.gatherResults(
-            [
-                defer.ensureDeferred(gate.run(conversation, i))
-                for i in range(workload.conversations)
-            ],
-            consumeErrors=True,
-        )
+        for n, phase in enumerate(phases):
+            gate = defer.DeferredSemaphore(phase.at_once)
+            await defer.gatherResults(
+                [
+                    defer.ensureDeferred(gate.run(conversation, n, i, thinks))
+                    for i, thinks in zip(phase.conversations, phase.thinks, strict=True)
+                ],
+                consumeErrors=True,
+            )
+            if progress is not None and len(phases) > 1:
+                done = sum(1 for r in results if r.status)
+                print(f"    {phase.name} done ({done} turns so far)", file=progress, flush=True)
     finally:
         await pool.closeCachedConnections()
     return sorted(results, key=lambda r: (r.conversation, r.turn))
@@ -274,7 +358,8 @@ async def one_turn(
     host_of: HostOf,
     result: TurnResult,
 ) -> str | None:
-    """Send one turn and fill `result`; the reply's text, or None (and `result.error`)."""
+    """Send one turn and fill `result`; the reply's text, or None (and `result.error`). A
+    streamed turn's seconds run to the stream's end, its `ttft_s` to its first reply text."""
     headers = Headers({b"Content-Type": [b"application/json"]})
     body = BytesProducer(request_body(workload, messages))
     started = reactor.seconds()
@@ -296,8 +381,14 @@ async def one_turn(
         result.error = f"HTTP {response.code}: {data[:200].decode(errors='replace')}"
         return None
     try:
-        answer = json.loads(data)
-        reply = answer["choices"][0]["message"]["content"]
+        if workload.stream:
+            streamed = read_stream(reader.chunks, reader.times)
+            answer, reply = streamed.answer, streamed.reply
+            if streamed.first_content is not None:
+                result.ttft_s = streamed.first_content - started
+        else:
+            answer = json.loads(data)
+            reply = answer["choices"][0]["message"]["content"]
         result.prompt_n, result.cache_n, result.from_timings = account(answer)
     except (ValueError, KeyError, IndexError, TypeError) as e:
         text = data[:200].decode(errors="replace")

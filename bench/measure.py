@@ -45,18 +45,22 @@ class BytesProducer:
 
 
 class Reader(Protocol):
-    """Reads a response body, noting the reactor time of its first byte."""
+    """Reads a response body, noting the reactor time of its first byte and of every chunk
+    (`times[i]` is when `chunks[i]` arrived: what a stream's events are timed by)."""
 
     def __init__(self, clock: Any) -> None:
         self.clock = clock
         self.first: float | None = None
         self.chunks: list[bytes] = []
+        self.times: list[float] = []
         self.done: defer.Deferred[bytes] = defer.Deferred()
 
     def dataReceived(self, data: bytes) -> None:
+        now = self.clock.seconds()
         if self.first is None:
-            self.first = self.clock.seconds()
+            self.first = now
         self.chunks.append(data)
+        self.times.append(now)
 
     def connectionLost(self, reason: Failure) -> None:  # type: ignore[override]
         if reason.check(ResponseDone):

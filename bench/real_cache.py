@@ -91,6 +91,7 @@ class PortPicker:
     sitting (a port a router just left may still be in TIME_WAIT)."""
 
     def __init__(self, ports: range = PORTS) -> None:
+        self._ports = ports
         self._next: Iterator[int] = iter(ports)
 
     def take(self, n: int) -> list[int]:
@@ -104,7 +105,8 @@ class PortPicker:
             taken.append(port)
             if len(taken) == n:
                 return taken
-        raise DemoError(f"fewer than {n} free ports left in {PORTS.start}-{PORTS.stop - 1}")
+        first, last = self._ports.start, self._ports.stop - 1
+        raise DemoError(f"fewer than {n} free ports left in {first}-{last}")
 
 
 CROSSBAR_CONFIG = """\
@@ -119,7 +121,7 @@ shutdown_grace = "1s"
 [routes.{route}]
 hosts = [{names}]
 default_model = "{model}"
-"""
+{route_keys}"""
 
 
 @dataclass
@@ -144,14 +146,18 @@ class Started:
     host_of: HostOf
     router: Process | None  # None: the client picks the host itself
     hosts: list[Process]
+    admin: str = ""  # crossbar's admin base URL
 
 
-async def start_hosts(reactor: Any, sitting: Sitting, router: str) -> dict[str, str]:
-    """`--hosts` fresh llama-servers, each answering GET /health 200; name -> base URL."""
+async def start_hosts(
+    reactor: Any, sitting: Sitting, router: str, llama_args: tuple[str, ...] = LLAMA_ARGS
+) -> dict[str, str]:
+    """`--hosts` fresh llama-servers with `llama_args`, each answering GET /health 200;
+    name -> base URL."""
     args = sitting.args
     urls = {}
     for i, port in enumerate(sitting.ports.take(args.hosts)):
-        argv = [args.llama_server, "-m", args.llama_model, *LLAMA_ARGS]
+        argv = [args.llama_server, "-m", args.llama_model, *llama_args]
         argv += ["--no-webui", "--alias", MODEL, "--host", "127.0.0.1", "--port", str(port)]
         sitting.processes.start(f"{sitting.runs:02d}-{router}-h{i}", argv)
         urls[f"h{i}"] = f"http://127.0.0.1:{port}"
@@ -175,8 +181,18 @@ async def start_router(reactor: Any, sitting: Sitting, router: str) -> Started:
     if router == "round-robin":
         return Started(round_robin(list(chat.values())), straight, None, hosts)
     if router == "crossbar":
-        process, url = await start_crossbar(reactor, sitting, urls)
-        return Started(through(url), header_host(b"X-Crossbar-Host", names), process, hosts)
+        process, url, admin = await start_crossbar(reactor, sitting, urls)
+        host_of = header_host(b"X-Crossbar-Host", names)
+        return Started(through(url), host_of, process, hosts, admin)
+    return await start_peer(reactor, sitting, router, urls, hosts)
+
+
+async def start_peer(
+    reactor: Any, sitting: Sitting, router: str, urls: dict[str, str], hosts: list[Process]
+) -> Started:
+    """Peer router `router` (`--policy cache_aware`) in front of the running hosts `urls`
+    (name -> base URL; `hosts` their processes), once it has accepted every one."""
+    names = {url: name for name, url in urls.items()}
     port, prometheus = sitting.ports.take(2)
     label = f"{sitting.runs:02d}-{router}"
     process = peer_routers.launch(
@@ -190,10 +206,11 @@ async def start_router(reactor: Any, sitting: Sitting, router: str) -> Started:
 
 
 async def start_crossbar(
-    reactor: Any, sitting: Sitting, urls: dict[str, str]
-) -> tuple[Process, str]:
+    reactor: Any, sitting: Sitting, urls: dict[str, str], route_keys: str = ""
+) -> tuple[Process, str, str]:
     """crossbar under twistd (from `--crossbar-python`'s venv) over `urls`, once it finds
-    every host healthy; the process and the route's chat completions URL."""
+    every host healthy, its route given `route_keys` (TOML lines) besides its hosts and
+    model; the process, the route's chat completions URL and the admin base URL."""
     listen, admin = sitting.ports.take(2)
     hosts = "".join(
         f'[hosts.{name}]\nurl = "{url}"\nmodels = ["{MODEL}"]\n\n' for name, url in urls.items()
@@ -208,6 +225,7 @@ async def start_crossbar(
             hosts=hosts,
             names=", ".join(f'"{name}"' for name in urls),
             model=MODEL,
+            route_keys=route_keys,
         )
     )
     twistd = str(Path(sitting.args.crossbar_python).parent / "twistd")
@@ -222,7 +240,8 @@ async def start_crossbar(
     await wait_http(
         reactor, process, admin_url, all_healthy, START_SECONDS, "find every host healthy"
     )
-    return process, f"http://127.0.0.1:{listen}/r/{ROUTE}/v1/chat/completions"
+    chat = f"http://127.0.0.1:{listen}/r/{ROUTE}/v1/chat/completions"
+    return process, chat, f"http://127.0.0.1:{admin}"
 
 
 async def run_router(reactor: Any, sitting: Sitting, router: str) -> Row:
@@ -233,12 +252,12 @@ async def run_router(reactor: Any, sitting: Sitting, router: str) -> Row:
     print(f"{router}: starting {args.hosts} llama-servers", file=out, flush=True)
     try:
         started = await start_router(reactor, sitting, router)
-        before = _cpu(started)
+        before = cpu_of(started)
         began = reactor.seconds()
         print(f"{router}: running {workload.conversations} conversations", file=out, flush=True)
         results = await run_workload(reactor, started.target, workload, started.host_of, out)
         wall = reactor.seconds() - began
-        after = _cpu(started)
+        after = cpu_of(started)
         served = {f"h{i}": served_turns(p) for i, p in enumerate(started.hosts)}
     except (DemoError, peer_routers.PeerUnavailable) as e:
         return Row(router, workload.conversations * workload.turns, errors=1, error=str(e))
@@ -268,7 +287,7 @@ def served_turns(host: Process) -> int | None:
     return text.count("prompt eval time")
 
 
-def _cpu(started: Started) -> dict[str, float]:
+def cpu_of(started: Started) -> dict[str, float]:
     """CPU seconds so far of the router process and of all hosts together."""
     hosts = sum(cpu_seconds(p.pid) for p in started.hosts)
     router = cpu_seconds(started.router.pid) if started.router is not None else 0.0
