@@ -348,6 +348,27 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
         "parallel": GaugeMetricFamily(
             "crossbar_slots", "Slots (parallel) per host and model.", labels=pair
         ),
+        "prefill_rate": GaugeMetricFamily(
+            "crossbar_host_prefill_tokens_per_second",
+            "Prompt tokens a second the host prefills for the model, learned from its answers.",
+            labels=pair,
+        ),
+        "decode_rate": GaugeMetricFamily(
+            "crossbar_host_decode_tokens_per_second",
+            "Output tokens a second one slot writes for the model, learned from its answers.",
+            labels=pair,
+        ),
+        "queued_prefill": GaugeMetricFamily(
+            "crossbar_queued_prefill_tokens",
+            "Prompt tokens the waiters of a host and model will have it prefill.",
+            labels=pair,
+        ),
+        "expected_wait": GaugeMetricFamily(
+            "crossbar_expected_wait_seconds",
+            "Seconds until a slot frees for one more request (what runs and waits, at the "
+            "host's rates; +Inf while this instance may use none of its slots).",
+            labels=pair,
+        ),
     }
     counters = {
         "refused": CounterMetricFamily(
@@ -383,6 +404,10 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
         for route, n in sorted(_queued_by_route(config, limiter, host, model).items()):
             gauges["queued"].add_metric([*labels, route], n)
         gauges["parallel"].add_metric(labels, hosts.parallel(host, model))
+        gauges["prefill_rate"].add_metric(labels, limiter.rates.prefill(host, model))
+        gauges["decode_rate"].add_metric(labels, limiter.rates.decode(host, model))
+        gauges["queued_prefill"].add_metric(labels, limiter.queued_prefill(host, model))
+        gauges["expected_wait"].add_metric(labels, limiter.expected_wait(host, model))
         state = counted.get((host, model))
         for name, family in counters.items():
             family.add_metric(labels, getattr(state, name) if state else 0)

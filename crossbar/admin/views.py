@@ -96,7 +96,8 @@ def host_rows(
 ) -> list[dict[str, Any]]:
     """Hosts.status() with, per model, the limiter's in flight, queued (in all and per route)
     and free slots, this instance's `share` of the host's `parallel` slots (all of them unless
-    other instances share the store) and the table's lease count; and per host the routes
+    other instances share the store), the table's lease count, the host's learned rates, the
+    prompt tokens its waiters will prefill and the expected wait; and per host the routes
     pinned to it and its cache truth (evictions, warm capacity; leases/warmth.py)."""
     pins = table.pins()
     rows = hosts.status()
@@ -113,6 +114,10 @@ def host_rows(
             model["free"] = limiter.free_slots(name, m)
             model["share"] = limiter.parallel(name, m)
             model["leases"] = table.count(name, m)
+            model.update(limiter.rates.status(name, m))
+            model["queued_prefill_tokens"] = limiter.queued_prefill(name, m)
+            wait = limiter.expected_wait(name, m)
+            model["expected_wait_seconds"] = round(wait, 3) if math.isfinite(wait) else None
     return rows
 
 

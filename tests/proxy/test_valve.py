@@ -268,3 +268,36 @@ def test_two_instances_on_one_store_never_move_one_conversation_twice():
 def a_key(crossbar: Crossbar) -> Any:
     (key,) = [k for k in crossbar.store.rows if k.route == "convo"]
     return key
+
+
+def test_the_hosts_pace_queued_prefill_and_expected_wait_are_shown():
+    crossbar = fleet()
+    a, _, b, _ = spread(crossbar)
+    _, hosts = crossbar.admin("GET", "/api/hosts")
+    (titan,) = [m for h in hosts["hosts"] if h["name"] == "titan" for m in h["models"]]
+    # Learned from the fakes' own timings: 2 ms a prompt token, 20 output tokens a second.
+    assert (titan["prefill_tokens_per_second"], titan["decode_tokens_per_second"]) == (500, 20)
+    assert titan["rates_source"] == "learned"
+    assert (titan["queued_prefill_tokens"], titan["expected_wait_seconds"]) == (0, 0)
+    # A long turn holds titan's slot; a second waits behind it with its whole prompt cold.
+    crossbar.parts.limiter.rates.learn_output("convo", 20)
+    long_turn = Conversation(crossbar, 5, words=400)
+    long_turn.messages[0]["content"] += " (on titan)"
+    status, _ = crossbar.admin("PUT", "/api/routes/convo/pin", {"host": "titan"})
+    assert status == 200
+    first, second = a.send(), long_turn.send()
+    crossbar.net.run(0.1)
+    _, hosts = crossbar.admin("GET", "/api/hosts")
+    (titan,) = [m for h in hosts["hosts"] if h["name"] == "titan" for m in h["models"]]
+    assert titan["queued"] == 1 and titan["queued_prefill_tokens"] > 400
+    # a's reply has 0.9 s to go, then the waiter's prefill and its 20 tokens.
+    waiter = titan["queued_prefill_tokens"] / 500 + 1.0
+    assert titan["expected_wait_seconds"] == pytest.approx(0.9 + waiter, abs=0.05)
+    _, metrics = crossbar.admin("GET", "/metrics")
+    labels = '{host="titan",model="qwen-coder"}'
+    assert f"crossbar_host_prefill_tokens_per_second{labels} 500.0" in metrics
+    assert f"crossbar_host_decode_tokens_per_second{labels} 20.0" in metrics
+    assert f"crossbar_queued_prefill_tokens{labels} {titan['queued_prefill_tokens']}.0" in metrics
+    assert f"crossbar_expected_wait_seconds{labels}" in metrics
+    until(crossbar.net, first, second)
+    assert b.turn()[0] == "titan"

@@ -57,7 +57,7 @@ function el(tag, attrs, ...children) {
 
 function fill(id, heads, rows, empty) {
   const table = $(id);
-  table.replaceChildren(el("tr", {}, ...heads.map((h) => el("th", { class: /^[#0-9]|tokens|ms|%|requests|errors|slots|queue|leases|idle|ctx|priority|weight|flight/.test(h) ? "num" : null }, h))));
+  table.replaceChildren(el("tr", {}, ...heads.map((h) => el("th", { class: /^[#0-9]|tokens|ms|%|requests|errors|slots|queue|leases|idle|ctx|priority|weight|flight|wait\b|tok\/s/.test(h) ? "num" : null }, h))));
   if (!rows.length) table.append(el("tr", {}, el("td", { colspan: heads.length, class: "muted" }, empty)));
   for (const row of rows) table.append(row);
 }
@@ -92,14 +92,31 @@ function renderHosts(hosts) {
         td(i ? "" : h.name), td(i ? "" : health),
         td(i ? "" : draining(h)),
         td(m.name), td(slots(m), "num"), td(m.queued, "num"),
-        td(waiting(m.queued_by_route), "waiting"), td(m.leases, "num"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
+        td(waiting(m.queued_by_route), "waiting"), td(num(m.queued_prefill_tokens), "num"),
+        td(expectedWait(m.expected_wait_seconds), "num"), td(rates(m), "num"),
+        td(m.leases, "num"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
         td(i ? "" : warm(h.cache), "num"),
         td(i ? "" : (h.pinned_routes.join(", ") || "–")),
         td(i ? "" : (h.reason || ""), "muted"), td(i ? "" : drain), td(i ? "" : evacuate(h))));
     });
   }
   fill("hosts", ["host", "health", "draining", "model", "slots in use", "queue", "waiting (by route)",
-                 "leases", "ctx", "warm cache", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+                 "queued prefill tokens", "expected wait", "prefill / decode tok/s", "leases", "ctx",
+                 "warm cache", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+}
+
+// Seconds until a slot frees for one more request, from what runs and waits at the host's rates.
+function expectedWait(seconds) {
+  if (seconds === null || seconds === undefined) return "–";
+  return `${seconds < 10 ? seconds.toFixed(2) : Math.round(seconds)} s`;
+}
+
+// The host's learned rates for the model; "~" before any answer of its own (a guess).
+function rates(m) {
+  if (m.prefill_tokens_per_second === undefined) return "–";
+  const text = `${num(Math.round(m.prefill_tokens_per_second))} / ${num(Math.round(m.decode_tokens_per_second))}`;
+  const guess = m.rates_source !== "learned";
+  return el("span", { class: guess ? "muted" : "", title: `rates: ${m.rates_source}` }, guess ? `~${text}` : text);
 }
 
 // A host's cache truth: tokens of its active conversations against what it keeps warm, and
