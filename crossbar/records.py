@@ -11,7 +11,8 @@ class LeaseEvent:
 
     `from_host`/`to_host` are "" when there is no such host (a new lease has no `from_host`,
     a dropped one no `to_host`). `reason` is one of new, idle, pin, release, unhealthy, config,
-    evacuate, rebalance, cold (an evicted conversation placed again), refused (a lease whose
+    evacuate, rebalance, cold (an evicted conversation placed again), busy (moved by the valve
+    off a host where its turn would have waited), refused (a lease whose
     first request was refused, forgotten).
     """
 
@@ -42,6 +43,6 @@ class UsageRow:
     queue_ms: float | None = None
     ttfb_ms: float | None = None
     duration_ms: float | None = None
-    lease: str = ""  # the X-Crossbar-Lease value: new, reused or pinned
+    lease: str = ""  # the X-Crossbar-Lease value: new, reused, pinned or moved
     error: str = ""  # what went wrong, "" when nothing did
     key: str = ""  # the named client key's name ("" for none or an anonymous key); never a secret

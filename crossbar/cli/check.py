@@ -74,6 +74,13 @@ def _route_line(config: Config, route: Route) -> str:
             f"rebalance after {format_duration(route.rebalance_after)} queued, conversations "
             f"idle {format_duration(route.rebalance_idle)}, {route.rebalance_per_minute}/min"
         )
+    if route.valves():
+        parts.append(
+            f"valve margin {route.valve_margin:g}, slack {format_duration(route.valve_slack)}, "
+            f"hold {format_duration(route.valve_hold)}"
+        )
+    elif route.queues() and not route.per_route():
+        parts.append("valve off")
     if route.auth == "keys":
         anonymous = f" and {len(route.keys)} anonymous key(s)" if route.keys else ""
         parts.append(f"auth named keys{anonymous}")

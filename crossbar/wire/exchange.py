@@ -20,7 +20,7 @@ class Exchange:
     fp: str = ""
     model: str = ""
     host: str = ""
-    lease: str = ""  # the X-Crossbar-Lease value: new, reused or pinned
+    lease: str = ""  # the X-Crossbar-Lease value: new, reused, pinned or moved
     prompt_chars: int = 0  # for the guard's learned ratio
     queue_ms: float = 0.0
     status: int = 0
