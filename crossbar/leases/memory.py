@@ -168,9 +168,10 @@ class LeaseMemory:
             return
         held = self.index.get(key)
         self._remember(lease)
+        adopted = self.index.get(key)
+        assert adopted is not None
+        adopted.remote = True
         if held is not None and (held.host != lease.host or held.moved):
-            adopted = self.index.get(key)
-            assert adopted is not None
             adopted.moved = held.host != lease.host or held.created == lease.created
 
     def _remember(self, lease: Lease, copy: bool = True) -> None:

@@ -34,10 +34,11 @@ class State(enum.Enum):
 class Lease:
     """`key -> host`, with when it was made and last used (seconds, from the injected clock).
 
-    The last five fields are in memory only: the store keeps none of them, a move or a restart
+    The last six fields are in memory only: the store keeps none of them, a move or a restart
     starts them afresh, and they take no part in comparing leases. Four are the host's cache
     truth for the lease's last turn (warmth.py); `moved` says the lease came to its host by a
-    move (at `created`), which the valve's hold reads."""
+    move (at `created`), `remote` that another instance wrote it (its turns there are not
+    known here): the valve's hold reads both."""
 
     key: Key
     host: str
@@ -49,6 +50,7 @@ class Lease:
     cold: bool = field(default=False, eq=False)  # the last turn found its prefix evicted
     turn_opening: str = field(default="", eq=False)  # what the last turn's prompt began with
     moved: bool = field(default=False, eq=False)  # it came to its host by a move, at `created`
+    remote: bool = field(default=False, eq=False)  # another instance wrote it
 
 
 @frozen

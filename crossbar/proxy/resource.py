@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
 
+from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -373,6 +374,7 @@ class ProxyResource(Resource):
     ) -> None:
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         removed = 0  # placed again because a reload removed the host, or the valve lost a race
+        judged = False  # the valve had its say on this turn: one move at most per turn
         trace = ex.trace
         while True:
             if trace is None:
@@ -392,14 +394,18 @@ class ProxyResource(Resource):
                     await self._placement.refused(call, acquired)  # places nothing
                     raise
             try:
-                release, host, work = await self._slot(call, acquired, ex, key, exact)
+                release, host, work = await self._slot(call, acquired, ex, key, exact, judged)
             except Replace:
+                judged = True
                 removed += 1
                 if removed < _REMOVED_RETRIES:
                     continue
                 raise unavailable(
                     "the conversation's host changed as it waited; try again", 1
                 ) from None
+            if host != acquired.host:  # the valve moved it: its lease is there now
+                judged = True
+                acquired = evolve(acquired, host=host, reused=False)
             host_config = self._config.hosts.get(host)
             if host_config is None:  # a reload removed it while we waited
                 release()
@@ -512,6 +518,7 @@ class ProxyResource(Resource):
         ex: Exchange,
         key: ClientKey | None,
         exact: int | None,
+        judged: bool = False,
     ) -> tuple[Release, str, Work | None]:
         """A slot for `call` on its host, or on the host the valve moves it to: the release,
         the host, and the work it brings there. Raises Replace when the valve found the lease
@@ -531,7 +538,7 @@ class ProxyResource(Resource):
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
             pending = self._limiter.acquire(host, call.model, call.route.limits, tenant, work)
             valve = self._valve
-            if pending.called or valve is None or not valve.eligible(call, acquired):
+            if pending.called or judged or valve is None or not valve.eligible(call, acquired):
                 slot: Deferred[Placed] = pending.addCallback(Placed, host)
             else:
                 turn = Turn(call, host, work, prompt, warm, tenant, waited)

@@ -17,9 +17,9 @@ moves (reason `busy`, only from the host it was judged on: two instances never m
 conversation twice), and the conversation stays on its new host like any other. A turn is
 judged when it queues and again while it waits: whenever a slot or a queue of its model moves
 elsewhere (limiter `on_moved`), and every JUDGE_EVERY seconds. A turn of a conversation that
-came to its host by a move less than `valve_hold` ago never moves, nor one whose route is at its
-`max_in_flight` (no host would start it sooner); pinned routes, `affinity = "route"` and
-`queue = false` never come here.
+came to its host by a move less than `valve_hold` ago and has served a turn there since never
+moves, nor one whose route is at its `max_in_flight` (no host would start it sooner); pinned
+routes, `affinity = "route"` and `queue = false` never come here.
 """
 
 from __future__ import annotations
@@ -132,7 +132,11 @@ class Valve:
         if lease is None or lease.host != home:
             return None
         if lease.moved and now - lease.created < route.valve_hold:
-            return None  # no ping-pong
+            # No ping-pong: it moved here lately and its cache here is worth keeping; unless
+            # this instance moved it and no turn has been served here since (a cold move that
+            # landed on a busy host): then it holds nothing here to lose.
+            if lease.turn_prompt or lease.remote:
+                return None
         if self._table.pinned(route.name) in call.candidates:
             return None  # pinned since it was placed
         limits = route.limits
