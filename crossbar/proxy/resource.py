@@ -419,7 +419,9 @@ class ProxyResource(Resource):
                 if trace is not None:
                     out = self._attempt(trace, call, ex, host_config, model, out)
                 sent = self._clock.seconds()
-                response = await self._upstream.send(out)
+                # The slot frees the moment the host's answer has all been read: the next
+                # waiter's request goes before this answer's end is relayed and recorded.
+                response = await self._upstream.send(out, on_done=release)
             except UpstreamFailure as failure:
                 release()
                 if trace is not None:

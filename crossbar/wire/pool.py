@@ -16,6 +16,8 @@ a whole one with `ResponseDone`, as twisted.web's client does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import httptools
@@ -79,19 +81,24 @@ class NotHTTP(Exception):
 @implementer(IPushProducer)
 class _BodyTransport:
     """What a body's protocol holds as its transport: pause, resume or stop the host's
-    connection under it."""
+    connection under it, while its answer is still being read (once it has all been read, the
+    connection may carry the next request already: it is no longer this body's)."""
 
-    def __init__(self, connection: HostConnection) -> None:
+    def __init__(self, connection: HostConnection, response: HostResponse) -> None:
         self._connection = connection
+        self._response = response
 
     def pauseProducing(self) -> None:
-        self._connection.pause()
+        if not self._response.read_whole:
+            self._connection.pause()
 
     def resumeProducing(self) -> None:
-        self._connection.resume()
+        if not self._response.read_whole:
+            self._connection.resume()
 
     def stopProducing(self) -> None:
-        self._connection.stop()
+        if not self._response.read_whole:
+            self._connection.stop()
 
 
 class HostResponse:
@@ -113,6 +120,7 @@ class HostResponse:
         self.headers = headers
         self.connection_headers = connection_headers
         self.length = length
+        self.read_whole = False  # the host's answer has all been read (its body may be held)
         self._connection = connection
         self._protocol: Any = None
         self._pending: list[bytes] = []
@@ -122,7 +130,7 @@ class HostResponse:
         """Give `protocol` the body: what came already at once, the rest as it comes, then
         `connectionLost` with why it ended."""
         self._protocol = protocol
-        protocol.makeConnection(_BodyTransport(self._connection))
+        protocol.makeConnection(_BodyTransport(self._connection, self))
         pending, self._pending = self._pending, []
         for data in pending:
             protocol.dataReceived(data)
@@ -146,7 +154,12 @@ class HostResponse:
 class _Reading:
     """llhttp's callbacks for one answer: its status line and headers as they come, then its
     body to the connection's current response. A reader whose answer ended (and whose
-    connection may carry the next request already) takes nothing more."""
+    connection may carry the next request already) takes nothing more.
+
+    While one read is parsed, what it brings (the head, body pieces, the end) is `held` and
+    passed on once the read is parsed, so that an answer that ends in it calls `on_done`
+    (the host is free: the caller's slot goes to its next request) before its last bytes are
+    relayed."""
 
     __slots__ = (
         "chunked",
@@ -156,15 +169,24 @@ class _Reading:
         "head_bytes",
         "head_only",
         "headers",
+        "held",
         "informational",
+        "on_done",
         "parser",
         "response",
         "status",
     )
 
-    def __init__(self, connection: HostConnection, head_only: bool) -> None:
+    def __init__(
+        self,
+        connection: HostConnection,
+        head_only: bool,
+        on_done: Callable[[], None] | None = None,
+    ) -> None:
         self.connection = connection
         self.head_only = head_only
+        self.on_done = on_done
+        self.held: list[Callable[[], None]] | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.status = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -226,6 +248,9 @@ class _Reading:
 
     def on_body(self, body: bytes) -> None:
         if self.response is not None and not self.done:
+            if self.held is not None:
+                self.held.append(partial(self.relay_body, self.response, body))
+                return
             try:
                 self.response.data(body)
             except Exception:
@@ -234,6 +259,21 @@ class _Reading:
                 log.failure("reading a host's answer failed inside crossbar")
                 self.failure = ReaderFault()
                 raise
+
+    def relay_body(self, response: HostResponse, body: bytes) -> None:
+        """A held piece of the body, passed on after its read was parsed: a fault in its
+        reader ends the answer (and the connection, unless it was all read and may carry
+        the next request already)."""
+        try:
+            response.data(body)
+        except Exception:
+            log.failure("reading a host's answer failed inside crossbar")
+            if self.held is not None:
+                self.held.clear()
+            if self is self.connection._reading:
+                self.connection._fail(self, ReaderFault())
+            else:
+                response.end(Failure(ResponseFailed([Failure(ReaderFault())])))
 
     def on_message_complete(self) -> None:
         if self.informational:
@@ -265,11 +305,18 @@ class HostConnection(Protocol):
 
     # -- one request
 
-    def request(self, data: bytes, body: bytes | None, head_only: bool) -> Deferred[HostResponse]:
+    def request(
+        self,
+        data: bytes,
+        body: bytes | None,
+        head_only: bool,
+        on_done: Callable[[], None] | None = None,
+    ) -> Deferred[HostResponse]:
         """Write a request (its head `data`, then `body`); fires with the answer once its
-        head is in, or fails (HostClosed, NotHTTP)."""
+        head is in, or fails (HostClosed, NotHTTP). `on_done` is called once the answer has
+        all been read and the connection is free, before the end of it is relayed."""
         self._answer = Deferred(self._cancel)
-        self._reading = _Reading(self, head_only)
+        self._reading = _Reading(self, head_only, on_done)
         self._received = False
         write_now(self.transport, (data, body) if body else (data,))
         return self._answer
@@ -285,19 +332,28 @@ class HostConnection(Protocol):
             self.abort()
             return
         self._received = True
+        failure: Exception | None = None
+        reading.held = held = []
         try:
             reading.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._fail(reading, NotHTTP("the host switched protocols"))
+            failure = NotHTTP("the host switched protocols")
         except httptools.HttpParserError as e:
-            failure = reading.failure
-            if failure is None:
-                failure = NotHTTP(_unreadable(reading, e))
+            failure = reading.failure or NotHTTP(_unreadable(reading, e))
+        # What this read brought, in order; an answer that ended in it has called on_done first.
+        while held:
+            held.pop(0)()
+        reading.held = None
+        if failure is not None:
             self._fail(reading, failure)
 
     def answered(self, reading: _Reading, response: HostResponse) -> None:
         """The answer's head is in."""
         answer, self._answer = self._answer, None
+        if reading.held is not None and not reading.head_only:
+            if answer is not None:
+                reading.held.append(partial(answer.callback, response))
+            return
         if reading.head_only:
             # A HEAD's answer has no body whatever its length says: it ends here, and the
             # connection goes (llhttp cannot be told to skip the body).
@@ -320,8 +376,16 @@ class HostConnection(Protocol):
             self.pool.release(self)
         else:
             self.abort()
-        if reading.response is not None:
-            reading.response.end(Failure(ResponseDone()))
+        response = reading.response
+        if response is not None:
+            response.read_whole = True
+        if reading.on_done is not None:
+            reading.on_done()
+        if response is not None:
+            if reading.held is not None:
+                reading.held.append(partial(response.end, Failure(ResponseDone())))
+            else:
+                response.end(Failure(ResponseDone()))
 
     # -- the connection
 

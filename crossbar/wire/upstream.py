@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -264,25 +264,29 @@ class Upstream:
             self._connect_timeout = s.upstream_connect_timeout
             self._pool.endpoints = HostEndpoints(self._reactor, s.upstream_connect_timeout)
 
-    async def send(self, out: Outgoing) -> HostResponse:
+    async def send(self, out: Outgoing, on_done: Callable[[], None] | None = None) -> HostResponse:
         """Send `out`; raise UpstreamFailure when no response byte came back, CancelledError
-        when the caller cancelled."""
+        when the caller cancelled. `on_done` is called as soon as the host's answer has all
+        been read (the host is free), before its last bytes are relayed."""
         try:
-            return await self._attempt(out, fresh=False)
+            return await self._attempt(out, fresh=False, on_done=on_done)
         except UpstreamFailure as failure:
             if not (failure.reused or failure.blameless):
                 raise
         # A pooled connection died under us (a keep-alive race), or the connect failed for
         # nothing the host did (our reactor was late, our descriptors ran out): not the
         # host. Once more, fresh.
-        return await self._attempt(out, fresh=True)
+        return await self._attempt(out, fresh=True, on_done=on_done)
 
-    def _attempt(self, out: Outgoing, fresh: bool) -> Deferred[HostResponse]:
+    def _attempt(
+        self, out: Outgoing, fresh: bool, on_done: Callable[[], None] | None = None
+    ) -> Deferred[HostResponse]:
         pool = self._pool
         origin, target = pool.origin(out.url)
         head = request_head(out.method, target, origin.host, out.headers, out.body)
         connection = None if fresh else pool.take(origin)
-        return _Attempt(self, origin, connection, head, out.body, out.method == b"HEAD").done
+        request = (head, out.body, out.method == b"HEAD", on_done)
+        return _Attempt(self, origin, connection, request).done
 
     async def post_json(
         self, host: HostConfig, path: str, payload: Any, extra: Sequence[tuple[bytes, bytes]] = ()
@@ -335,16 +339,15 @@ class _Attempt:
         upstream: Upstream,
         origin: Any,
         connection: HostConnection | None,
-        head: bytes,
-        body: bytes | None,
-        head_only: bool,
+        request: tuple[bytes, bytes | None, bool, Callable[[], None] | None],
     ) -> None:
+        """`request`: its head, body, whether it is a HEAD, and its `on_done`."""
         clock = upstream._reactor
         self._clock = clock
         self._connect_timeout = upstream._connect_timeout
         self._started = clock.seconds()
         self._reused = connection is not None
-        self._request = (head, body, head_only)
+        self._request = request
         self._why = ""  # who stopped it: "client" (our caller) or "idle"
         self.done: Deferred[HostResponse] = Deferred(self._cancel)
         self._timer = clock.callLater(upstream.idle_timeout, self._stop, "idle")
