@@ -78,8 +78,9 @@ def install() -> None:
     epollreactor.install()
     from twisted.internet import reactor
 
+    from crossbar.hosts import registry
     from crossbar.limiter import slots
-    from crossbar.proxy import channel, request, usage
+    from crossbar.proxy import channel, request, resource, usage
     from crossbar.wire import meter, pool, relay, upstream
 
     reactor._poller = _Poller(reactor._poller)  # type: ignore[attr-defined]
@@ -105,6 +106,9 @@ def install() -> None:
     recorder.remember_id = stamped("remember_id", recorder.remember_id)  # type: ignore[method-assign]
     recorder.finish = stamped("usage", recorder.finish)  # type: ignore[method-assign]
     slots.Limiter.acquire = stamped("acquire", slots.Limiter.acquire)  # type: ignore[method-assign]
+    registry.Hosts.model = stamped("host_model", registry.Hosts.model)  # type: ignore[method-assign]
+    resource.prepare = stamped("prepare", resource.prepare)
+    upstream.Upstream.send = stamped("send", upstream.Upstream.send)  # type: ignore[method-assign]
 
 
 def main() -> None:

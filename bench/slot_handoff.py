@@ -3,7 +3,8 @@ beside the host's own (issue 37, item 6).
 
     .venv/bin/python bench/slot_handoff.py [--targets direct,crossbar,nginx] [--handoffs 2000]
         [--clients 4] [--gen-ms 10] [--tokens 8] [--stream] [--rounds 4] [--warmup 100]
-        [--crossbar-python .venv/bin/python] [--stamps] [--pin] [--keep] [--json]
+        [--crossbar-python .venv/bin/python] [--crossbar-b-python OTHER/.venv/bin/python]
+        [--stamps] [--pin] [--keep] [--json]
 
 One sitting, one host: bench/slot_host.py, a one-slot stand-in for llama-server that answers
 each chat completion after `--gen-ms` of "generation" (one JSON body, or with `--stream` an
@@ -18,6 +19,8 @@ header and its sending time noted on the same clock) at one of the targets:
 - `crossbar`: `twistd -n crossbar -c <config>` from `--crossbar-python`'s venv, the host
   configured with `parallel = 1`, one route, a temporary SQLite file: crossbar queues, and
   sends the next request when the slot frees;
+- `crossbar-b`, with `--crossbar-b-python`: the same from another venv (another checkout, say
+  one with a patch), taking turns with the others in the same sitting;
 - `nginx`: nginx as a plain proxy (bench/nginx-proxy.conf); it never queues (open-source nginx
   cannot hold a request for a busy upstream), so every request goes on to the host at once
   over a kept connection of its own and the host's queue does the hand-off, as behind
@@ -46,7 +49,8 @@ split at its stamps (the reactor's wake-up, the answer read, the relay's end, th
 waiter's send), each segment's wall time p50/p90/p99 and the reactor thread's CPU time in it
 p50/p90. The stamps cost crossbar a few microseconds each. `--pin` keeps the host and the
 clients on CPU 0 and the proxy on CPU 1. `--keep` keeps the directory of logs, configs and
-stamps (`stamps.json`, `windows.json`), which is otherwise removed after a good sitting.
+stamps (`crossbar-stamps.json`, `crossbar-windows.json`), otherwise removed after a good
+sitting.
 `--json` prints it all as JSON instead. Ports come from 24500-24999. A default sitting takes
 about 2 minutes.
 """
@@ -58,6 +62,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from bisect import bisect_left, bisect_right
@@ -79,7 +84,8 @@ from crossbar.wire.twisted_private import write_now
 
 HERE = Path(__file__).resolve().parent
 PORTS = range(24500, 25000)  # this bench's share of the machine's ports
-TARGETS = ("direct", "crossbar", "nginx")
+TARGETS = ("direct", "crossbar", "crossbar-b", "nginx")
+CROSSBARS = ("crossbar", "crossbar-b")
 START_SECONDS = 60.0
 MODEL = "tiny"
 ROUTE = "bench"
@@ -248,8 +254,9 @@ def breakdown(windows: Iterable[tuple[int, int]], stamps: Iterable[Stamp]) -> Br
     """Where each hand-off window went (`ended` of answer k, `arrived` of request k+1 at the
     host, monotonic ns), by crossbar's stamps within it: the first `ended`, the last
     `host_data` before it, the last `woke` before that (none in the window: crossbar was awake
-    already, and that segment is 0), then the first `finish`, `finished`, `admit`, `attempt`
-    and `request` after it, each after the one before."""
+    already, and that segment is 0), then the first `admit` after it, the `finish` and
+    `finished` between the two (none: the slot was freed before the relay ended, and those
+    segments are 0), and the first `attempt` and `request` after the `admit`."""
     ordered = sorted(stamps, key=lambda s: s[1])
     times = [s[1] for s in ordered]
     found = Breakdown({label: [] for label, _ in SEGMENTS}, {label: [] for label, _ in SEGMENTS})
@@ -282,13 +289,29 @@ def _walk(inside: list[Stamp]) -> list[Stamp | None] | None:
         return None
     woke = max((i for i in range(data) if labels[i] == "woke"), default=None)
     found: list[Stamp | None] = [None if woke is None else inside[woke], inside[data], inside[end]]
-    i = end
-    for label in ("finish", "finished", "admit", "attempt", "request"):
-        i = next((j for j in range(i + 1, len(inside)) if labels[j] == label), -1)
+    admit = _next(labels, "admit", end)
+    if admit < 0:
+        return None
+    # A crossbar that frees the slot before the relay ends finishes the request after the
+    # hand-off: those two segments are then empty.
+    finish = _next(labels, "finish", end, admit)
+    finished = _next(labels, "finished", finish, admit) if finish >= 0 else -1
+    if finished < 0:
+        finish = finished = end
+    found += [inside[finish], inside[finished], inside[admit]]
+    i = admit
+    for label in ("attempt", "request"):
+        i = _next(labels, label, i)
         if i < 0:
             return None
         found.append(inside[i])
     return found
+
+
+def _next(labels: list[str], label: str, after: int, before: int | None = None) -> int:
+    """The index of the first `label` after index `after` (and before `before`), or -1."""
+    end = len(labels) if before is None else before
+    return next((j for j in range(after + 1, end) if labels[j] == label), -1)
 
 
 # --- the clients ------------------------------------------------------------------------------
@@ -473,25 +496,43 @@ async def start_host(reactor: Any, sitting: Sitting) -> int:
     return port
 
 
+def crossbar_checkout(python: str) -> str:
+    """Where `python` imports crossbar from (which checkout runs), or why it cannot."""
+    code = "import crossbar, os; print(os.path.dirname(os.path.dirname(crossbar.__file__)))"
+    try:
+        # from / so that the current directory's checkout does not answer for it
+        done = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/"
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    return done.stdout.strip() if done.returncode == 0 else f"none ({done.stderr.strip()[-200:]})"
+
+
 def host_process(sitting: Sitting) -> Process:
     return next(p for p in sitting.processes.started if p.name == "host")
 
 
-async def start_crossbar(reactor: Any, sitting: Sitting, host: int) -> Target:
+def crossbar_python(args: argparse.Namespace, name: str) -> str:
+    """The Python whose venv runs target `name` (`crossbar` or `crossbar-b`)."""
+    return str(args.crossbar_python if name == "crossbar" else args.crossbar_b_python)
+
+
+async def start_crossbar(reactor: Any, sitting: Sitting, host: int, name: str) -> Target:
     listen, admin = sitting.ports.take(2)
-    config = sitting.work / "crossbar.toml"
+    config = sitting.work / f"{name}.toml"
     config.write_text(
         CROSSBAR_CONFIG.format(
-            listen=listen, admin=admin, db=sitting.work / "crossbar.db", route=ROUTE, host=host,
+            listen=listen, admin=admin, db=sitting.work / f"{name}.db", route=ROUTE, host=host,
             model=MODEL,
         )
     )  # fmt: skip
-    argv = [str(Path(sitting.args.crossbar_python).parent / "twistd")]
+    python = crossbar_python(sitting.args, name)
+    argv = [str(Path(python).parent / "twistd")]
     if sitting.args.stamps:
-        argv = [sitting.args.crossbar_python, str(HERE / "crossbar_stamps.py"),
-                str(sitting.work / "stamps.json")]  # fmt: skip
+        argv = [python, str(HERE / "crossbar_stamps.py"), str(sitting.work / f"{name}-stamps.json")]
     argv += ["-n", "--pidfile=", "crossbar", "-c", str(config)]
-    process = sitting.processes.start("crossbar", argv)
+    process = sitting.processes.start(name, argv)
 
     def healthy(status: int, body: bytes) -> bool:
         hosts = json.loads(body)["hosts"] if status == 200 else []
@@ -499,7 +540,7 @@ async def start_crossbar(reactor: Any, sitting: Sitting, host: int) -> Target:
 
     url = f"http://127.0.0.1:{admin}/api/hosts"
     await wait_http(reactor, process, url, healthy, START_SECONDS, "find its host healthy")
-    return Target("crossbar", listen, process, queues_in_front=True)
+    return Target(name, listen, process, queues_in_front=True)
 
 
 async def start_nginx(reactor: Any, sitting: Sitting, host: int) -> Target:
@@ -588,8 +629,8 @@ async def run_sitting(reactor: Any, sitting: Sitting) -> dict[str, Any]:
     for name in args.targets:
         if name == "direct":
             targets.append(Target("direct", host, None, queues_in_front=False))
-        elif name == "crossbar":
-            targets.append(await start_crossbar(reactor, sitting, host))
+        elif name in CROSSBARS:
+            targets.append(await start_crossbar(reactor, sitting, host, name))
         elif name == "nginx":
             if shutil.which("nginx") is None:
                 why = "nginx is not on PATH (Debian: apt-get install nginx-light)"
@@ -615,15 +656,17 @@ async def run_sitting(reactor: Any, sitting: Sitting) -> dict[str, Any]:
             )
             tallies[target.name].add(result, records, accepted)
     summaries = {t.name: tallies[t.name].summary(t.queues_in_front) for t in targets}
-    found = None
-    crossbar = next((t for t in targets if t.name == "crossbar"), None)
-    if args.stamps and crossbar is not None and crossbar.process is not None:
+    found = {}
+    crossbars = [t for t in targets if t.name in CROSSBARS and t.process is not None]
+    for crossbar in crossbars if args.stamps else []:
+        assert crossbar.process is not None
         stop([crossbar.process])  # it writes its stamps as it stops
-        stamps = json.loads((sitting.work / "stamps.json").read_text())
-        windows = [(h.ended, h.ended + h.first_byte_ns) for h in tallies["crossbar"].handoffs]
-        (sitting.work / "windows.json").write_text(json.dumps(windows))
+        stamps = json.loads((sitting.work / f"{crossbar.name}-stamps.json").read_text())
+        handed = tallies[crossbar.name].handoffs
+        windows = [(h.ended, h.ended + h.first_byte_ns) for h in handed]
+        (sitting.work / f"{crossbar.name}-windows.json").write_text(json.dumps(windows))
         spent = breakdown(windows, [(label, t, cpu) for label, t, cpu in stamps])
-        found = {
+        found[crossbar.name] = {
             "segments": {label: asdict(Spread.of(spent.wall[label])) for label, _ in SEGMENTS},
             "cpu": {label: asdict(Spread.of(spent.cpu[label])) for label, _ in SEGMENTS},
             "skipped": spent.skipped,
@@ -643,6 +686,7 @@ async def run_sitting(reactor: Any, sitting: Sitting) -> dict[str, Any]:
             "pinned": args.pin,
         },
         "targets": summaries,
+        "checkouts": {t.name: crossbar_checkout(crossbar_python(args, t.name)) for t in crossbars},
         "skipped": sitting.skipped,
         "stamps": found,
     }
@@ -661,9 +705,11 @@ def report(summary: dict[str, Any]) -> str:
     lines = [
         f"load average before: {load} (after: {after}) on {summary['cpus']} CPUs",
         f"{s['clients']} clients, one slot, {s['gen_ms']:g} ms a generation, {shape}; "
-        f"{s['rounds']} rounds, targets taking turns",
+        f"{s['rounds']} rounds, targets taking turns"
+        + (", pinned (host and clients CPU 0, proxy CPU 1)" if s["pinned"] else ""),
+        *(f"{name} from {where}" for name, where in summary["checkouts"].items()),
         "",
-        "target   | hand-offs | slot idle µs p50/p90/p99/max | first byte µs p50/p90/p99/max "
+        "target     | hand-offs | slot idle µs p50/p90/p99/max | first byte µs p50/p90/p99/max "
         "| p50 beyond direct | same conn | host conns | req/s | proxy CPU µs/req | preempted/req",
     ]
     targets = summary["targets"]
@@ -677,15 +723,14 @@ def report(summary: dict[str, Any]) -> str:
         same = "-" if t["same_connection"] is None else f"{100 * t['same_connection']:.0f}%"
         errors = f" ({t['errors']} errors)" if t["errors"] else ""
         lines.append(
-            f"{name:<8} | {t['handoffs']:>9} | {spread:>28} | {firsts:>29} | {beyond:>17} | "
+            f"{name:<10} | {t['handoffs']:>9} | {spread:>28} | {firsts:>29} | {beyond:>17} | "
             f"{same:>9} | {t['host_connections']:>10} | {t['requests_per_second']:>5.0f} | "
             f"{_f(t['cpu_us_per_request']):>16} | {_f(t['preempted_per_request'], '.2f')}{errors}"
         )
     for name, why in summary["skipped"].items():
         lines.append(f"{name}: skipped: {why}")
-    found = summary.get("stamps")
-    if found:
-        lines += ["", "crossbar's hand-offs, stamped (each segment: from the stamp before to this "
+    for name, found in summary["stamps"].items():
+        lines += ["", f"{name}'s hand-offs, stamped (each segment: from the stamp before to this "
                   f"one; {found['skipped']} hand-offs lacked a stamp; CPU: the reactor thread's)",
                   "segment   | wall µs p50/p90/p99 | CPU µs p50/p90 | reached when"]  # fmt: skip
         described = dict(SEGMENTS)
@@ -699,7 +744,7 @@ def report(summary: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--targets", default=",".join(TARGETS),
+    p.add_argument("--targets", default="direct,crossbar,nginx",
                    help=f"comma-separated, of {', '.join(TARGETS)}")  # fmt: skip
     p.add_argument("--handoffs", type=int, default=2000, help="requests measured per target")
     p.add_argument("--clients", type=int, default=4)
@@ -711,6 +756,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--crossbar-python", default=sys.executable,
                    help="the Python whose venv's twistd runs crossbar (default: this one)",
                    )  # fmt: skip
+    p.add_argument("--crossbar-b-python", default="",
+                   help="a second crossbar (another checkout's venv) as target crossbar-b, "
+                   "taking turns with the others")  # fmt: skip
     p.add_argument("--stamps", action="store_true",
                    help="run crossbar under bench/crossbar_stamps.py and say where its share "
                    "of each hand-off goes")  # fmt: skip
@@ -728,6 +776,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--clients: at least 2, so that a request waits whenever the slot frees")
     if "crossbar" in args.targets and not (Path(args.crossbar_python).parent / "twistd").exists():
         p.error(f"--crossbar-python: no twistd beside {args.crossbar_python}")
+    if args.crossbar_b_python and "crossbar-b" not in args.targets:
+        args.targets.insert(args.targets.index("crossbar") + 1 if "crossbar" in args.targets
+                            else len(args.targets), "crossbar-b")  # fmt: skip
+    if "crossbar-b" in args.targets and not (
+        args.crossbar_b_python and (Path(args.crossbar_b_python).parent / "twistd").exists()
+    ):
+        p.error("crossbar-b: --crossbar-b-python must name a Python with twistd beside it")
     summaries: list[dict[str, Any]] = []
 
     def body(processes: Processes, work: Path) -> int:

@@ -285,3 +285,21 @@ def test_when_crossbar_was_awake_already_its_wake_up_costs_nothing():
     assert found.wall["woke"] == [0.0] and found.wall["host_data"] == [0.2]
     assert found.cpu["host_data"] == []  # no wake-up in the window to count from
     assert found.cpu["ended"] == [0.1]
+
+
+def test_a_crossbar_that_frees_the_slot_before_the_relay_ends_has_nothing_in_finish():
+    stamps = [
+        ("woke", 1_100, 0),
+        ("host_data", 1_200, 100),
+        ("ended", 1_300, 200),
+        ("admit", 1_320, 220),
+        ("attempt", 1_400, 300),
+        ("request", 1_450, 350),
+        ("finish", 1_500, 400),  # the relay ends after the next request went
+        ("finished", 1_550, 450),
+    ]
+    found = slot_handoff.breakdown([(1_000, 1_600)], stamps)  # the host reads it late
+    assert found.skipped == 0
+    assert found.wall["finish"] == [0.0] and found.wall["finished"] == [0.0]
+    assert found.wall["admit"] == [0.02] and found.cpu["admit"] == [0.02]
+    assert found.wall["arrived"] == [0.15]
