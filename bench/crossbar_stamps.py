@@ -112,6 +112,7 @@ def install() -> None:
 
 
 def main() -> None:
+    """The command line (see the module's docstring)."""
     out, sys.argv = sys.argv[1], ["twistd", *sys.argv[2:]]
     install()
     from twisted.internet import reactor

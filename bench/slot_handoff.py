@@ -163,6 +163,7 @@ class Spread:
 
     @classmethod
     def of(cls, values_us: list[float]) -> Spread:
+        """The spread of `values_us` (all zero for none)."""
         if not values_us:
             return cls(0, 0.0, 0.0, 0.0, 0.0)
         return cls(
@@ -188,6 +189,8 @@ class Tally:
     load: list[float] = field(default_factory=list)  # 1-minute load average before each round
 
     def add(self, result: RoundResult, records: list[dict[str, Any]], accepted: int) -> None:
+        """One measured round: its clients' result, the host's records of it, and the
+        connections the host accepted meanwhile."""
         self.handoffs += handoffs(records, result.sent)
         self.requests += result.answered
         self.errors += result.errors
@@ -199,6 +202,8 @@ class Tally:
         self.load.append(result.load)
 
     def summary(self, queues_in_front: bool) -> dict[str, Any]:
+        """The target's figures (`first_byte_us` only for a target that queues in front of
+        the host)."""
         idle = Spread.of([h.idle_ns / 1000 for h in self.handoffs])
         first = Spread.of([h.first_byte_ns / 1000 for h in self.handoffs])
         same = sum(h.same_connection for h in self.handoffs)
@@ -335,7 +340,6 @@ class Round:
 
     def __init__(self, port: int, requests: int, stream: bool, tokens: int) -> None:
         self.port = port
-        self.left = requests
         self.stream = stream
         self.tokens = tokens
         self.result = RoundResult()
@@ -475,6 +479,9 @@ class Target:
 
 @dataclass
 class Sitting:
+    """What the sitting's steps share: the command line, the processes, the log directory,
+    the ports, and the targets skipped with why."""
+
     args: argparse.Namespace
     processes: Processes
     work: Path
@@ -487,6 +494,7 @@ def _ok(status: int, _body: bytes) -> bool:
 
 
 async def start_host(reactor: Any, sitting: Sitting) -> int:
+    """bench/slot_host.py on a port of its own, once it answers /health; its port."""
     (port,) = sitting.ports.take()
     args = sitting.args
     argv = [sys.executable, str(HERE / "slot_host.py"), "--port", str(port)]
@@ -510,6 +518,7 @@ def crossbar_checkout(python: str) -> str:
 
 
 def host_process(sitting: Sitting) -> Process:
+    """The host's process."""
     return next(p for p in sitting.processes.started if p.name == "host")
 
 
@@ -519,6 +528,9 @@ def crossbar_python(args: argparse.Namespace, name: str) -> str:
 
 
 async def start_crossbar(reactor: Any, sitting: Sitting, host: int, name: str) -> Target:
+    """crossbar (target `name`) under twistd in front of the host, once it finds the host
+    healthy: `parallel = 1`, one route, a temporary SQLite file; under
+    bench/crossbar_stamps.py with `--stamps`."""
     listen, admin = sitting.ports.take(2)
     config = sitting.work / f"{name}.toml"
     config.write_text(
@@ -544,6 +556,8 @@ async def start_crossbar(reactor: Any, sitting: Sitting, host: int, name: str) -
 
 
 async def start_nginx(reactor: Any, sitting: Sitting, host: int) -> Target:
+    """nginx as a plain proxy in front of the host (bench/nginx-proxy.conf: kept connections
+    both ways; with `--stream`, `proxy_buffering off`), once it passes /health on."""
     (port,) = sitting.ports.take()
     text = (HERE / "nginx-proxy.conf").read_text()
     text = text.replace("{tmp}", str(sitting.work)).replace("{port}", str(port))
@@ -622,6 +636,8 @@ async def measure_round(
 
 
 async def run_sitting(reactor: Any, sitting: Sitting) -> dict[str, Any]:
+    """Start the host and the targets, warm each, measure them in turns, and (with
+    `--stamps`) stop each crossbar and split its hand-offs at its stamps; the summary."""
     args, out = sitting.args, sys.stderr
     load = os.getloadavg()
     host = await start_host(reactor, sitting)
@@ -693,6 +709,7 @@ async def run_sitting(reactor: Any, sitting: Sitting) -> dict[str, Any]:
 
 
 def _f(value: float | None, spec: str = ".0f") -> str:
+    """`value` formatted, or "-" for none."""
     return "-" if value is None else format(value, spec)
 
 
@@ -743,6 +760,7 @@ def report(summary: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module's docstring); the exit status."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--targets", default="direct,crossbar,nginx",
                    help=f"comma-separated, of {', '.join(TARGETS)}")  # fmt: skip

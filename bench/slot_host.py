@@ -194,6 +194,7 @@ def response(status: int, body: bytes, keep_alive: bool, ctype: str = "applicati
 
 
 def _usage(tokens: int, gen_ms: float) -> dict[str, object]:
+    """An answer's `usage` and `timings`, llama-server's way."""
     return {
         "usage": {
             "prompt_tokens": PROMPT_TOKENS,
@@ -230,10 +231,13 @@ def chat_answer(number: int, tokens: int, gen_ms: float, keep_alive: bool) -> by
 
 
 def _chunk(data: bytes) -> bytes:
+    """`data` as one chunk of a chunked body."""
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
 def _event(number: int, delta: dict[str, str], extra: dict[str, object] | None = None) -> bytes:
+    """One SSE event of answer `number` as a chunk; `extra` (usage, timings) makes it the
+    last, with `finish_reason`."""
     choice: dict[str, object] = {"index": 0, "delta": delta, "finish_reason": None}
     payload: dict[str, object] = {
         "id": f"chatcmpl-{number}",
@@ -304,15 +308,18 @@ class TinyHost:
 
     @property
     def port(self) -> int:
+        """The port it listens on."""
         return int(self.listener.getsockname()[1])
 
     def close(self) -> None:
+        """Close every connection and the listening socket."""
         for connection in list(self._connections.values()):
             self._close(connection)
         self._selector.close()
         self.listener.close()
 
     def serve_forever(self) -> None:
+        """Step until the process is stopped."""
         while True:
             self.step(None)
 
@@ -514,6 +521,7 @@ class TinyHost:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line (see the module's docstring): serve until stopped."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--gen-ms", type=float, default=10.0, help="each answer's generation time")
