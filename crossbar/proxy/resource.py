@@ -393,6 +393,8 @@ class ProxyResource(Resource):
                 except ClientError:
                     await self._placement.refused(call, acquired)  # places nothing
                     raise
+            # Made before the wait, so that a freed slot's next request goes out at once.
+            ready = self._prepare(call, host)
             try:
                 release, host, work = await self._slot(call, acquired, ex, key, exact, judged)
             except Replace:
@@ -415,7 +417,10 @@ class ProxyResource(Resource):
                 raise unavailable(f"host {host} was removed from the config; try again", 1)
             try:
                 model = self._hosts.model(host, call.model)
-                out = prepare(host_config, model, call.inbound)
+                if ready is None or ready[:2] != (host_config, model):
+                    ready = self._prepare(call, host)  # moved, or reloaded, as it waited
+                    assert ready is not None
+                out = ready[2]
                 if trace is not None:
                     out = self._attempt(trace, call, ex, host_config, model, out)
                 sent = self._clock.seconds()
@@ -446,6 +451,17 @@ class ProxyResource(Resource):
                 pace.learn(self._limiter.rates, call, ex, sent, self._clock.seconds())
             await self._placement.answered(call, acquired, ex.status, ex.tokens)
             return
+
+    def _prepare(
+        self, call: Call, host: str
+    ) -> tuple[HostConfig, ModelConfig | None, Outgoing] | None:
+        """The request `host` gets for `call`, with the host and model it was made for (None:
+        the config has no such host now)."""
+        host_config = self._config.hosts.get(host)
+        if host_config is None:
+            return None
+        model = self._hosts.model(host, call.model)
+        return host_config, model, prepare(host_config, model, call.inbound)
 
     def _attempt(
         self, trace: RequestTrace, call: Call, ex: Exchange, host: HostConfig,
