@@ -3,7 +3,12 @@ parser, through httptools), in place of twisted.web's Agent and its pool.
 
 A connection carries one request at a time; once its answer has all been read it goes back to
 its host's idle list (at most `per_host` kept; the rest close), and one idle for `keep_idle`
-seconds closes. Every request is one write of its head (and body). What the answer says goes
+seconds closes. A host that closes its connection after every streamed (chunked) answer, as
+llama-server does while it says `Keep-Alive`, is learned the first time one such connection
+goes within a second of its stream's end: from then on a connection is not kept after a
+chunked answer of that host (the next request would meet its close and be sent again), and a
+spare is opened as such an answer begins, so the request that takes its slot next finds one
+ready. Every request is one write of its head (and body). What the answer says goes
 to the caller as a `HostResponse`, which reads like twisted.web's IResponse (code, phrase,
 headers, length, deliverBody) so the relay stays what it was.
 
@@ -51,6 +56,8 @@ _CONNECTION_HEADERS = frozenset(
     }
 )
 _MAX_ORIGINS = 4096
+# A connection the host closes this soon after a chunked answer's end closed because of it.
+_CLOSED_AFTER = 1.0
 log = Logger(
     namespace="crossbar.upstream"
 )  # parsed host URLs kept (one per configured host in practice)
@@ -297,6 +304,7 @@ class HostConnection(Protocol):
         self.origin: _Origin | None = None
         self.lost = False
         self.idle_since = 0.0
+        self.after_chunked = False  # its last answer was chunked
         self.expiry: IDelayedCall | None = None
         self._answer: Deferred[HostResponse] | None = None
         self._reading: _Reading | None = None
@@ -350,6 +358,10 @@ class HostConnection(Protocol):
     def answered(self, reading: _Reading, response: HostResponse) -> None:
         """The answer's head is in."""
         answer, self._answer = self._answer, None
+        origin = self.origin
+        if reading.chunked and origin is not None and origin.closes_after_chunked:
+            assert self.pool is not None
+            self.pool.spare(origin)  # this one closes when the answer ends: one ready for next
         if reading.held is not None and not reading.head_only:
             if answer is not None:
                 reading.held.append(partial(answer.callback, response))
@@ -372,6 +384,10 @@ class HostConnection(Protocol):
         first, so a request waiting on this answer's end can take it at once)."""
         reading.done = True
         self._reading = None
+        origin = self.origin
+        self.after_chunked = reading.chunked
+        if reading.chunked and origin is not None and origin.closes_after_chunked:
+            keep = False  # the host closes it now: a request on it would be sent twice
         if keep and self.pool is not None:
             self.pool.release(self)
         else:
@@ -393,6 +409,9 @@ class HostConnection(Protocol):
         self.lost = True
         if self.pool is not None:
             self.pool.forget(self)
+            unanswered = self._reading is None or (self._answer is not None and not self._received)
+            if self.after_chunked and unanswered:
+                self.pool.closed_after_chunked(self)
         answer, self._answer = self._answer, None
         if answer is not None:
             answer.errback(HostClosed(self._received, reason))
@@ -457,13 +476,15 @@ class _Factory(Factory):
 class _Origin:
     """A host URL's scheme, host and port, parsed once: its endpoint and Host header."""
 
-    __slots__ = ("host", "idle", "key", "uri")
+    __slots__ = ("closes_after_chunked", "host", "idle", "key", "sparing", "uri")
 
     def __init__(self, origin: bytes) -> None:
         self.uri = URI.fromBytes(origin + b"/")
         self.key = origin
         self.host = origin.split(b"//", 1)[-1]  # the authority as configured: host[:port]
         self.idle: list[HostConnection] = []
+        self.closes_after_chunked = False  # learned: see the module doc
+        self.sparing = False  # a spare connection is being opened
 
 
 class HostPool:
@@ -514,6 +535,34 @@ class HostPool:
             return connection
 
         return endpoint.connect(self._factory).addCallback(made)
+
+    def spare(self, origin: _Origin) -> None:
+        """Open a connection to `origin` ahead of need, unless one is idle or on its way."""
+        if origin.sparing or any(not c.lost for c in origin.idle):
+            return
+        origin.sparing = True
+
+        def ready(connection: HostConnection) -> None:
+            origin.sparing = False
+            self.release(connection)
+
+        def failed(_: Failure) -> None:
+            origin.sparing = False  # the request that needs it will connect and say why
+
+        self.connect(origin).addCallbacks(ready, failed)
+
+    def closed_after_chunked(self, connection: HostConnection) -> None:
+        """The host closed `connection` with nothing asked of it or answered on it since its
+        chunked answer: soon after that answer, the host closes after every one."""
+        origin = connection.origin
+        soon = self._clock.seconds() - connection.idle_since <= _CLOSED_AFTER
+        if origin is not None and soon and not origin.closes_after_chunked:
+            origin.closes_after_chunked = True
+            log.info(
+                "host {host} closes its connection after each streamed answer: a new one is "
+                "opened ahead of the next request instead",
+                host=origin.host.decode("ascii", "replace"),
+            )
 
     def release(self, connection: HostConnection) -> None:
         """An answer was all read: keep its connection for the next request, or close it."""
