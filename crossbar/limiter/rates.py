@@ -9,6 +9,11 @@ next big one, and a host that slows down is followed within a few answers. An an
 `timings` (an API that drops them) teaches from what crossbar saw instead: the time to its
 first byte for the prefill, the rest of a stream for the decode.
 
+A request also holds its slot for what the timings leave out: the HTTP exchange, tokenizing and
+templating its prompt, sampling set-up. That `overhead` (the time to the first byte less the
+prefill, or for an answer that comes whole, less its output too) is a running mean per (host,
+model), 0 until an answer has shown it.
+
 Before a (host, model) has answered, its rates are the mean of the model's other hosts'
 learned rates, else DEFAULT_PREFILL and DEFAULT_DECODE. A route's turns write `output_mean`
 tokens on average (a running mean of every answered turn's completion tokens), which is what a
@@ -30,6 +35,7 @@ DEFAULT_DECODE = 30.0
 DEFAULT_OUTPUT = 256  # tokens a turn writes, until a route's answers say
 DECAY = 0.9  # of the older sums at each new sample: about the last ten answers count
 _OUTPUT_WEIGHT = 0.2  # of the newest completion in a route's running mean
+_OVERHEAD_WEIGHT = 0.2  # of the newest answer's overhead in its (host, model)'s mean
 # Samples too small to say anything: a few tokens' prefill is mostly the request's overhead.
 _MIN_PREFILL_TOKENS = 8
 _MIN_DECODE_TOKENS = 2
@@ -60,6 +66,7 @@ class Rates:
         self._prefill: dict[Pair, _Rate] = {}
         self._decode: dict[Pair, _Rate] = {}
         self._output: dict[str, float] = {}
+        self._overhead: dict[Pair, float] = {}
 
     def learn(
         self,
@@ -77,6 +84,16 @@ class Rates:
             self._prefill.setdefault(pair, _Rate()).add(prefilled, prefill_seconds)
         if decoded >= _MIN_DECODE_TOKENS and decode_seconds > 0:
             self._decode.setdefault(pair, _Rate()).add(decoded, decode_seconds)
+
+    def learn_overhead(self, host: str, model: str, seconds: float) -> None:
+        """One answer spent `seconds` of its slot's time outside its prefill and output."""
+        pair, value = (host, model), max(0.0, seconds)
+        mean = self._overhead.get(pair)
+        self._overhead[pair] = value if mean is None else mean + _OVERHEAD_WEIGHT * (value - mean)
+
+    def overhead(self, host: str, model: str) -> float:
+        """Seconds a request of `model` holds a slot of `host` beyond its prefill and output."""
+        return self._overhead.get((host, model), 0.0)
 
     def learn_output(self, route: str, completion: int) -> None:
         """A turn of `route` wrote `completion` tokens."""
@@ -115,12 +132,13 @@ class Rates:
         return {
             "prefill_tokens_per_second": round(self.prefill(host, model), 1),
             "decode_tokens_per_second": round(self.decode(host, model), 1),
+            "overhead_seconds": round(self.overhead(host, model), 3),
             "rates_source": self.source(host, model),
         }
 
     def forget(self, keep: set[str]) -> None:
         """Drop what was learned of hosts not in `keep` (a reload removed them)."""
-        for table in (self._prefill, self._decode):
+        for table in (self._prefill, self._decode, self._overhead):
             for pair in [p for p in table if p[0] not in keep]:
                 del table[pair]
 

@@ -28,9 +28,10 @@ guess of FIRST_HOLD_GUESS seconds); at most `queue_timeout` and at least 1 s.
 The expected wait (`expected_wait`, for the valve and the admin API): each request may bring
 its `Work` (the tokens its host must prefill, the tokens it should write). What runs has its
 remaining output left at the host's decode rate (rates.py), less what it has streamed, or
-less the time it has run when nothing streams; each waiter ahead costs its prefill at the
-prefill rate plus its output at the decode rate. Played forward on the slots (each waiter takes
-the slot that frees first), the time until a slot frees for one more is the expected wait.
+less the time it has run when nothing streams; each waiter ahead costs the host's overhead,
+its prefill at the prefill rate and its output at the decode rate. Played forward on the slots
+(each waiter takes the slot that frees first), the time until a slot frees for one more is the
+expected wait.
 """
 
 from __future__ import annotations
@@ -216,9 +217,10 @@ class Limiter:
         ahead = [w.work for w in slots.waiters if w.work is not None and _ahead(w.work, before)]
         if not ahead and slots.in_flight < limit:
             return 0.0
-        prefill, decode = self.rates.prefill(host, model), self.rates.decode(host, model)
+        rates = self.rates
+        pace = (rates.prefill(host, model), rates.decode(host, model), rates.overhead(host, model))
         now = self._clock.seconds()
-        frees = [_remaining(w, now, prefill, decode) for w in slots.running]
+        frees = [_remaining(w, now, pace) for w in slots.running]
         # Requests beyond the slots (tracked, or a shrink) run after the first to end.
         frees += [0.0] * max(0, limit - len(frees))
         heapq.heapify(frees)
@@ -226,7 +228,7 @@ class Limiter:
             first = heapq.heappop(frees)
             heapq.heapreplace(frees, frees[0] + first)
         for work in ahead:
-            heapq.heapreplace(frees, frees[0] + _cost(work, prefill, decode))
+            heapq.heapreplace(frees, frees[0] + _cost(work, pace))
         return frees[0]
 
     def queued_prefill(self, host: str, model: str) -> int:
@@ -515,19 +517,22 @@ def _ahead(work: Work, of: Work | None) -> bool:
     return work.priority > of.priority or (work.priority == of.priority and work.seq < of.seq)
 
 
-def _cost(work: Work, prefill: float, decode: float) -> float:
-    """Seconds a request holds its slot: its prefill, then its output."""
-    return work.prefill / prefill + work.output / decode
+def _cost(work: Work, pace: tuple[float, float, float]) -> float:
+    """Seconds a request holds its slot: its overhead, its prefill, then its output (`pace`:
+    the host's prefill and decode rates and its overhead)."""
+    prefill, decode, overhead = pace
+    return overhead + work.prefill / prefill + work.output / decode
 
 
-def _remaining(work: Work, now: float, prefill: float, decode: float) -> float:
+def _remaining(work: Work, now: float, pace: tuple[float, float, float]) -> float:
     """Seconds until a running request ends: its output left at the decode rate once it
     streams, else its whole cost less the time it has run; at least one token's time (it
     has not ended yet)."""
+    decode = pace[1]
     streamed = work.streamed()
     if streamed > 0:
         left = (work.output - streamed) / decode
     else:
         started = now if work.started is None else work.started
-        left = _cost(work, prefill, decode) - (now - started)
+        left = _cost(work, pace) - (now - started)
     return max(left, 1 / decode)

@@ -74,5 +74,11 @@ def learn(rates: Rates, call: Call, ex: Exchange, sent: float, ended: float) -> 
         decoded = tokens.completion - 1
     else:
         return
-    if math.isfinite(prefill_s) and math.isfinite(decode_s):
-        rates.learn(ex.host, call.model, prefilled, prefill_s, decoded, decode_s)
+    if not (math.isfinite(prefill_s) and math.isfinite(decode_s)):
+        return
+    rates.learn(ex.host, call.model, prefilled, prefill_s, decoded, decode_s)
+    if ex.first_byte is not None and (tokens.prompt_ms > 0 or tokens.predicted_ms > 0):
+        # What the host's timings leave out of the wait for the first byte: the exchange,
+        # tokenizing, templating (and the output too, for an answer that comes whole).
+        before = ex.first_byte - sent - prefill_s - (0.0 if ex.stream else decode_s)
+        rates.learn_overhead(ex.host, call.model, before)

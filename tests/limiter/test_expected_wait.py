@@ -162,3 +162,15 @@ def test_a_routes_mean_output_follows_its_turns():
     assert rates.output("r") == 100 and rates.knows_output("r")
     rates.learn_output("r", 200)
     assert rates.output("r") == pytest.approx(120)
+
+
+def test_what_the_timings_leave_out_is_learned_and_counted_for_each_waiter():
+    lim, _ = limiter()
+    lim.rates.learn_overhead(H, M, 0.3)
+    lim.rates.learn_overhead(H, M, 0.1)  # a running mean: 0.3 + 0.2 x (0.1 - 0.3)
+    assert lim.rates.overhead(H, M) == pytest.approx(0.26)
+    lim.acquire(H, M, work=Work(prefill=0, output=20))  # 0.26 + 1 s
+    lim.acquire(H, M, work=Work(prefill=0, output=20))  # waits: 0.26 + 1 s more
+    assert lim.expected_wait(H, M) == pytest.approx(2 * 1.26)
+    lim.rates.learn_overhead(H, M, -5)  # a clock step backwards teaches no negative time
+    assert lim.rates.overhead(H, M) >= 0
