@@ -4,7 +4,7 @@ in prefill, when several busy agent conversations share one host while the other
     .venv/bin/python bench/real_valve.py [--workload overload|shape|default]
         [--routers crossbar,crossbar-novalve,vllm-router,smg,round-robin] [--runs 3]
         [--rounds 3] [--turns N] [--think 2] [--seed 37]
-        [--crossbar-python .venv/bin/python] [--json]
+        [--crossbar-python .venv/bin/python] [--crossbar-keys 'valve_margin = 1.2'] [--json]
 
     # a smoke run: one run of the smallest shape through the routers that need no install
     .venv/bin/python bench/real_valve.py --workload shape --runs 1 --rounds 1 \\
@@ -302,9 +302,8 @@ async def start_router(
         straight = sent_to({c: name for name, c in chat.items()})
         return real_cache.Started(round_robin(list(chat.values())), straight, None, hosts)
     if router in CROSSBARS:
-        process, url, admin = await real_cache.start_crossbar(
-            reactor, sitting, urls, CROSSBARS[router]
-        )
+        keys = CROSSBARS[router] + (sitting.args.crossbar_keys if router == "crossbar" else "")
+        process, url, admin = await real_cache.start_crossbar(reactor, sitting, urls, keys)
         names = {url: name for name, url in urls.items()}
         host_of = header_host(b"X-Crossbar-Host", names)
         return real_cache.Started(through(url), host_of, process, hosts, admin)
@@ -557,8 +556,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=sys.executable,
         help="the Python of the venv whose twistd runs crossbar (default: this one)",
     )
+    p.add_argument(
+        "--crossbar-keys",
+        default="",
+        help="TOML lines added to the `crossbar` router's route, to tune the valve\n"
+        "(e.g. 'valve_margin = 1.2'; `crossbar-novalve` never gets them)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of the tables")
     args = p.parse_args(argv)
+    if args.crossbar_keys and not args.crossbar_keys.endswith("\n"):
+        args.crossbar_keys += "\n"
     args.routers = list(dict.fromkeys(r.strip() for r in args.routers.split(",") if r.strip()))
     unknown = sorted(set(args.routers) - set(ROUTERS))
     if unknown or not args.routers:
