@@ -46,6 +46,14 @@ async def test_the_dashboard_shows_hosts_leases_events_usage_and_a_chart(crossba
     assert 'data-host="titan"' in hosts and 'data-host="atlas"' in hosts
     assert "healthy" in hosts and "draining" in hosts and ">undrain<" in hosts
     assert ">warm cache<" in hosts and " / ? tok, 0 evicted<" in hosts  # its cache truth
+    # The pace columns: nothing waits, so 0 tokens queued and no wait; the rates titan's
+    # answers taught (atlas, which served nothing, shows titan's, marked "~" as a guess).
+    for head in ("queued prefill tokens", "expected wait", "prefill / decode tok/s"):
+        assert f">{head}<" in hosts, head
+    titan = re.search(r'<tr data-host="titan".*?</tr>', hosts, re.S).group(0)
+    assert ">0.00 s<" in titan and 'title="rates: learned"' in titan
+    atlas = re.search(r'<tr data-host="atlas".*?</tr>', hosts, re.S).group(0)
+    assert 'title="rates: model"' in atlas and ">~" in atlas
     leases = element(dom, "leases")
     assert leases.count("<tr data-lease=") == 2  # convo's conversation and solo's
     assert "convo" in leases and "solo" in leases
@@ -96,6 +104,12 @@ async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp
     assert "waiting (by route)" in hosts
     titan = re.search(r'<tr data-host="titan".*?</tr>', hosts, re.S).group(0)
     assert ">solo 1<" in titan
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", titan)
+    # The waiter's prompt, and the wait a newcomer faces: the slots here are held by the test
+    # without work, so only the waiter's own (fast on the fakes) counts.
+    queued_prefill, expected = cells[7], cells[8]
+    assert int(queued_prefill.replace(",", "")) > 0
+    assert re.fullmatch(r"\d+\.\d\d s", expected), expected
     routes = element(dom, "routes")
     for head in ("priority", "weight", "max in flight", "max queued", "in flight", "queued"):
         assert f">{head}<" in routes, head
