@@ -14,6 +14,12 @@ templating its prompt, sampling set-up. That `overhead` (the time to the first b
 prefill, or for an answer that comes whole, less its output too) is a running mean per (host,
 model), 0 until an answer has shown it.
 
+What the rates cannot see, the hold times do: a prompt the host had evicted after all, a host
+slower than its timings say while it shares its machine, replies longer than expected. Each
+request's slot hold is compared with what these rates expected of it when it got the slot;
+the running mean of the ratio (its `factor`, within FACTOR_RANGE) scales every expected hold of
+the (host, model).
+
 Before a (host, model) has answered, its rates are the mean of the model's other hosts'
 learned rates, else DEFAULT_PREFILL and DEFAULT_DECODE. A route's turns write `output_mean`
 tokens on average (a running mean of every answered turn's completion tokens), which is what a
@@ -36,6 +42,9 @@ DEFAULT_OUTPUT = 256  # tokens a turn writes, until a route's answers say
 DECAY = 0.9  # of the older sums at each new sample: about the last ten answers count
 _OUTPUT_WEIGHT = 0.2  # of the newest completion in a route's running mean
 _OVERHEAD_WEIGHT = 0.2  # of the newest answer's overhead in its (host, model)'s mean
+_FACTOR_WEIGHT = 0.3  # of the newest hold's ratio in its (host, model)'s factor
+FACTOR_RANGE = (0.5, 4.0)  # a factor is never learned past these: an estimate stays an estimate
+_MIN_ESTIMATE = 0.05  # seconds: holds expected shorter than this teach no factor (noise)
 # Samples too small to say anything: a few tokens' prefill is mostly the request's overhead.
 _MIN_PREFILL_TOKENS = 8
 _MIN_DECODE_TOKENS = 2
@@ -67,6 +76,7 @@ class Rates:
         self._decode: dict[Pair, _Rate] = {}
         self._output: dict[str, float] = {}
         self._overhead: dict[Pair, float] = {}
+        self._factor: dict[Pair, float] = {}
 
     def learn(
         self,
@@ -94,6 +104,20 @@ class Rates:
     def overhead(self, host: str, model: str) -> float:
         """Seconds a request of `model` holds a slot of `host` beyond its prefill and output."""
         return self._overhead.get((host, model), 0.0)
+
+    def learn_hold(self, host: str, model: str, expected: float, held: float) -> None:
+        """A request held its slot `held` seconds where `expected` were expected of it."""
+        if expected < _MIN_ESTIMATE or held < 0:
+            return
+        low, high = FACTOR_RANGE
+        ratio = min(high, max(low, held / expected))
+        pair = (host, model)
+        mean = self._factor.get(pair)
+        self._factor[pair] = ratio if mean is None else mean + _FACTOR_WEIGHT * (ratio - mean)
+
+    def factor(self, host: str, model: str) -> float:
+        """How much longer than these rates expect the (host, model)'s slots are held."""
+        return self._factor.get((host, model), 1.0)
 
     def learn_output(self, route: str, completion: int) -> None:
         """A turn of `route` wrote `completion` tokens."""
@@ -133,12 +157,13 @@ class Rates:
             "prefill_tokens_per_second": round(self.prefill(host, model), 1),
             "decode_tokens_per_second": round(self.decode(host, model), 1),
             "overhead_seconds": round(self.overhead(host, model), 3),
+            "hold_factor": round(self.factor(host, model), 2),
             "rates_source": self.source(host, model),
         }
 
     def forget(self, keep: set[str]) -> None:
         """Drop what was learned of hosts not in `keep` (a reload removed them)."""
-        for table in (self._prefill, self._decode, self._overhead):
+        for table in (self._prefill, self._decode, self._overhead, self._factor):
             for pair in [p for p in table if p[0] not in keep]:
                 del table[pair]
 

@@ -145,7 +145,7 @@ class Limiter:
             slots.held += 1
             slots.admitted += 1
             state.held += 1
-            self._start(slots, work)
+            self._start(key, slots, work)
             return succeed(self._release(key, slots, state, False, work))
         name, bound = state.name, state.limits.queued_bound(self._queue_max)
         if len(slots.waiters) >= self._queue_max or slots.waiters.count(name) >= bound:
@@ -184,7 +184,7 @@ class Limiter:
         slots.tracked += 1
         slots.tracked_total += 1
         state.tracked += 1
-        self._start(slots, work)
+        self._start(key, slots, work)
         return self._release(key, slots, state, True, work)
 
     def withdraw(self, work: Work) -> bool:
@@ -217,10 +217,10 @@ class Limiter:
         ahead = [w.work for w in slots.waiters if w.work is not None and _ahead(w.work, before)]
         if not ahead and slots.in_flight < limit:
             return 0.0
-        rates = self.rates
-        pace = (rates.prefill(host, model), rates.decode(host, model), rates.overhead(host, model))
+        pace = self._pace(host, model)
+        factor = self.rates.factor(host, model)
         now = self._clock.seconds()
-        frees = [_remaining(w, now, pace) for w in slots.running]
+        frees = [_remaining(w, now, pace, factor) for w in slots.running]
         # Requests beyond the slots (tracked, or a shrink) run after the first to end.
         frees += [0.0] * max(0, limit - len(frees))
         heapq.heapify(frees)
@@ -228,7 +228,7 @@ class Limiter:
             first = heapq.heappop(frees)
             heapq.heapreplace(frees, frees[0] + first)
         for work in ahead:
-            heapq.heapreplace(frees, frees[0] + _cost(work, pace))
+            heapq.heapreplace(frees, frees[0] + factor * _cost(work, pace))
         return frees[0]
 
     def queued_prefill(self, host: str, model: str) -> int:
@@ -393,9 +393,17 @@ class Limiter:
         parallel = self._parallel(*key)
         return 0 if parallel == 0 else max(1, parallel)
 
-    def _start(self, slots: SlotEntry, work: Work | None) -> None:
+    def _pace(self, host: str, model: str) -> tuple[float, float, float]:
+        rates = self.rates
+        return rates.prefill(host, model), rates.decode(host, model), rates.overhead(host, model)
+
+    def _start(self, key: Pair, slots: SlotEntry, work: Work | None) -> None:
         if work is not None:
             work.started, work.seq = self._clock.seconds(), -1
+            # Only an estimate made from what the host and route have shown may teach the
+            # factor; the first guesses' errors say nothing of the next requests.
+            learned = work.informed and self.rates.source(*key) == "learned"
+            work.estimate = _cost(work, self._pace(*key)) if learned else 0.0
             slots.running.add(work)
 
     def _moved(self, key: Pair) -> None:
@@ -419,9 +427,10 @@ class Limiter:
             else:
                 slots.held -= 1
                 state.held -= 1
+            held_for = self._clock.seconds() - started
             if work is not None:
                 slots.running.discard(work)
-            held_for = self._clock.seconds() - started
+                self.rates.learn_hold(key[0], key[1], work.estimate, held_for)
             average = slots.hold_average
             slots.hold_average = (
                 held_for if average is None else average + _HOLD_WEIGHT * (held_for - average)
@@ -455,7 +464,7 @@ class Limiter:
             work = waiter.work
             if work is not None:
                 del self._waiting[work]
-                self._start(slots, work)
+                self._start(key, slots, work)
             # State is settled before the callback: it may re-enter (release, acquire).
             waiter.deferred.callback(self._release(key, slots, state, False, work))
 
@@ -524,15 +533,17 @@ def _cost(work: Work, pace: tuple[float, float, float]) -> float:
     return overhead + work.prefill / prefill + work.output / decode
 
 
-def _remaining(work: Work, now: float, pace: tuple[float, float, float]) -> float:
+def _remaining(
+    work: Work, now: float, pace: tuple[float, float, float], factor: float = 1.0
+) -> float:
     """Seconds until a running request ends: its output left at the decode rate once it
-    streams, else its whole cost less the time it has run; at least one token's time (it
-    has not ended yet)."""
+    streams, else its whole expected hold (its cost x the host's `factor`) less the time it
+    has run; at least one token's time (it has not ended yet)."""
     decode = pace[1]
     streamed = work.streamed()
     if streamed > 0:
         left = (work.output - streamed) / decode
     else:
         started = now if work.started is None else work.started
-        left = _cost(work, pace) - (now - started)
+        left = factor * _cost(work, pace) - (now - started)
     return max(left, 1 / decode)

@@ -84,6 +84,9 @@ class Work:
     prefill: int = 0
     output: int = 0
     started: float | None = None  # clock seconds it got its slot; None while it waits
+    estimate: float = 0.0  # seconds its slot was expected to be held, when it got it
+    # Its output is its own limit or a learned mean, not a guess: its hold may teach the factor.
+    informed: bool = True
     streamed: Callable[[], int] = _nothing_streamed
     priority: int = 0  # its route's: a waiter of a higher one goes first
     seq: int = -1  # its arrival number while it waits (-1: not waiting)

@@ -31,14 +31,17 @@ def output_limit(call: Call) -> int | None:
     return None
 
 
-def expected_output(call: Call, rates: Rates, key_mean: float | None = None) -> int:
+def expected_output(call: Call, rates: Rates, key_mean: float | None = None) -> tuple[int, bool]:
     """The output tokens `call` is expected to write: the mean of its key's turns, else of its
     route's (a default before any), but never more than its own limit. A limit is a ceiling,
-    not an estimate: Claude Code asks for 32000 tokens and writes a few hundred."""
-    mean = key_mean if key_mean is not None else rates.output(call.route.name)
+    not an estimate: Claude Code asks for 32000 tokens and writes a few hundred. And whether
+    that is informed (a learned mean, or its own limit below the default), not a guess."""
+    route = call.route.name
+    mean = key_mean if key_mean is not None else rates.output(route)
     limit = output_limit(call)
     expected = mean if limit is None else min(limit, mean)
-    return max(1, round(expected))
+    informed = key_mean is not None or rates.knows_output(route) or expected != mean
+    return max(1, round(expected)), informed
 
 
 def held_on(

@@ -546,9 +546,9 @@ class ProxyResource(Resource):
             return _noop, host, None  # control calls take neither a slot nor a queue place
         prompt = exact if exact is not None else call.need
         warm = self._placement.expected_cached(call, acquired)
-        output = self._expected_output(call, key)
+        output, informed = self._expected_output(call, key)
         prefill = prompt - pace.held_on(self._placement.warmth, host, call, prompt, warm)
-        work = Work(prefill, output)
+        work = Work(prefill, output, informed=informed)
         if not call.route.queues():
             return self._limiter.track(host, call.model, call.route.limits, work), host, work
         waited = self._clock.seconds()
@@ -577,7 +577,7 @@ class ProxyResource(Resource):
                 traced.valve_moved(ex.trace, call, host, verdict)
         return placed.release, placed.host, work
 
-    def _expected_output(self, call: Call, key: ClientKey | None) -> int:
+    def _expected_output(self, call: Call, key: ClientKey | None) -> tuple[int, bool]:
         mean = None
         if key is not None and self._tenants is not None:
             mean = self._tenants.meter.mean_completion(key.name)

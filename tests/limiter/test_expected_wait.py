@@ -174,3 +174,28 @@ def test_what_the_timings_leave_out_is_learned_and_counted_for_each_waiter():
     assert lim.expected_wait(H, M) == pytest.approx(2 * 1.26)
     lim.rates.learn_overhead(H, M, -5)  # a clock step backwards teaches no negative time
     assert lim.rates.overhead(H, M) >= 0
+
+
+def test_slots_held_longer_than_the_rates_expect_teach_a_factor_for_every_expected_hold():
+    lim, clock = limiter()
+    release = []
+    for _ in range(10):  # each expected 1 s (20 tokens at 20/s), each held 2 s
+        lim.acquire(H, M, work=Work(prefill=0, output=20)).addCallback(release.append)
+        clock.advance(2.0)
+        release.pop()()
+    assert lim.rates.factor(H, M) == pytest.approx(2.0, rel=0.05)
+    lim.acquire(H, M, work=Work(prefill=0, output=20))
+    lim.acquire(H, M, work=Work(prefill=0, output=20))
+    assert lim.expected_wait(H, M) == pytest.approx(2 * 2.0, rel=0.05)
+
+
+def test_a_guessed_output_or_unlearned_rates_teach_no_factor():
+    lim, clock = limiter()
+    release = []
+    lim.acquire(H, M, work=Work(output=256, informed=False)).addCallback(release.append)
+    clock.advance(1.0)
+    release.pop()()
+    lim.acquire("atlas", M, work=Work(output=20)).addCallback(release.append)  # rates not its own
+    clock.advance(9.0)
+    release.pop()()
+    assert lim.rates.factor(H, M) == lim.rates.factor("atlas", M) == 1.0
