@@ -49,7 +49,7 @@ _LEARN_WEIGHT = 0.25  # of each new eviction's sample in the learned capacity
 _SHARE_WEIGHT = (
     0.5  # of each reused turn in a host's eviction share: contention changes turn by turn
 )
-_FRESH_WEIGHT = 0.25  # of each first turn's cached tokens in what a newcomer finds
+_FRESH_WEIGHT = 0.5  # of each first turn's cached tokens in what a newcomer finds
 _FRESH_KEPT = 1024  # (route, model) pairs whose first turns a host remembers, newest kept
 
 
@@ -62,8 +62,9 @@ class HostWarmth:
     evictions: int = 0  # reused turns that found their prefix gone
     kept: int = 0  # reused turns that found it
     eviction_share: float = 0.0  # of the recent reused turns, those that found it gone
-    # (route, model) -> the cached tokens a conversation's first turn here found, on average.
-    fresh: OrderedDict[tuple[str, str], float] = field(factory=OrderedDict)
+    # (route, model) -> the cached tokens a conversation's first turn here found, on average
+    # (None: one first turn found the host cold, which says nothing of the next).
+    fresh: OrderedDict[tuple[str, str], float | None] = field(factory=OrderedDict)
     # Conversations served within ACTIVE_WINDOW, oldest first: tokens of their last turn
     # (prompt and reply, what the host holds for them) and when it ended.
     _active: OrderedDict[Key, tuple[int, float]] = field(factory=OrderedDict)
@@ -105,10 +106,15 @@ class HostWarmth:
         return None  # not reached: `key` is in the dict
 
     def first_turn(self, route: str, model: str, cached: int) -> None:
-        """A conversation's first turn here found `cached` tokens (a shared prefix)."""
+        """A conversation's first turn here found `cached` tokens (a shared prefix). The
+        route's first one here finds a cold host: unless it found something, it only primes."""
         pair = (route, model)
+        primed = pair in self.fresh
         mean = self.fresh.pop(pair, None)
-        self.fresh[pair] = cached if mean is None else mean + _FRESH_WEIGHT * (cached - mean)
+        if mean is None:
+            self.fresh[pair] = cached if primed or cached else None
+        else:
+            self.fresh[pair] = mean + _FRESH_WEIGHT * (cached - mean)
         if len(self.fresh) > _FRESH_KEPT:
             self.fresh.popitem(last=False)
 

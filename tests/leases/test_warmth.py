@@ -115,3 +115,19 @@ def test_a_conversation_that_cut_its_history_is_not_an_eviction():
     warmth.turn(a, prompt=9000, cached=0, completion=50, opening="o")
     assert not warmth.turn(a, prompt=3000, cached=800, completion=50, opening="o")  # compacted
     assert warmth.status("titan")["evictions"] == 0
+
+
+def test_what_a_newcomer_finds_is_learned_from_first_turns_after_the_host_was_primed():
+    from crossbar.leases.warmth import HostWarmth
+
+    host = HostWarmth()
+    host.first_turn("convo", "m", 0)  # the route's first conversation here: a cold host
+    assert host.fresh[("convo", "m")] is None
+    host.first_turn("convo", "m", 330)  # the next finds the shared system prompt
+    assert host.fresh[("convo", "m")] == 330
+    host.first_turn("convo", "m", 0)  # one with another system prompt finds nothing
+    assert host.fresh[("convo", "m")] == 165
+    other = HostWarmth()
+    other.first_turn("convo", "m", 0)
+    other.first_turn("convo", "m", 0)  # found nothing twice: nothing is shared here
+    assert other.fresh[("convo", "m")] == 0
