@@ -3,7 +3,7 @@ in prefill, when several busy agent conversations share one host while the other
 
     .venv/bin/python bench/real_valve.py [--workload overload|shape|default]
         [--routers crossbar,crossbar-novalve,vllm-router,smg,round-robin] [--runs 3]
-        [--rounds 3] [--turns N] [--think 2] [--seed 37]
+        [--rounds 3] [--turns N] [--think 2] [--seed 37] [--max-tokens N]
         [--crossbar-python .venv/bin/python] [--crossbar-keys 'valve_margin = 1.2'] [--json]
 
     # a smoke run: one run of the smallest shape through the routers that need no install
@@ -12,7 +12,10 @@ in prefill, when several busy agent conversations share one host while the other
 
 The workloads (every turn the whole conversation so far plus the reply and a new user message,
 as bench/agent_workload.py builds them; a shared ~330-token system prompt; streamed
-`/v1/chat/completions` with `stream_options.include_usage`, `max_tokens` 24, temperature 0):
+`/v1/chat/completions` with `stream_options.include_usage`, temperature 0; `max_tokens`
+`--max-tokens`: an agent's reply, 96, on overload and shape (a tool call or a patch; this model
+writes to its limit, so a busy agent's turn holds its slot for seconds, as a big model's does
+on a GPU box), real_cache.py's 24 on default):
 
 - `overload` (the default): 3 llama-servers, one slot each (`-np 1 -c 8192 -t 1 --cache-ram
   512`). 9 conversations begin one at a time, so a sticky router spreads them 3/3/3 in start
@@ -103,6 +106,9 @@ PORTS = range(23000, 24000)  # this bench's share of the machine's ports
 # prompt, two that take turns on one slot each prefill their own part again at every switch.
 ONE_SLOT_ARGS = ("-np", "1", "-c", "8192", "-t", "1", "--cache-ram", "512", "--no-repack")
 MOVE_REASON = "busy"  # the valve's lease moves
+# An agent's reply is a tool call or a patch: tens to hundreds of tokens (this model writes to
+# its limit). Busy agents' turns then hold a slot for seconds, as on a GPU box with a big model.
+AGENT_REPLY = 96
 METRICS_SECONDS = 10.0
 
 
@@ -169,30 +175,39 @@ def rounds_plan(
     turns: int,
     think: float,
     seed: int,
+    max_tokens: int = AGENT_REPLY,
 ) -> Plan:
     """Conversations that begin one at a time, then rounds in which the busy ones
     (`busy_rounds`) work `turns` turns each at once, thinking before every turn but their
-    first of the round, while the others think."""
+    first of the round, while the others think; replies of up to `max_tokens`."""
     opening = Phase("opening", tuple(range(conversations)), ((0.0,),) * conversations, 1)
     draw = {c: think_times(seed, c) for c in range(conversations)}
     phases = [opening]
     for r, busy in enumerate(busy_rounds(conversations, hosts, rounds, crowd, extra)):
         thinks = tuple((0.0, *(draw[c](think) for _ in range(turns - 1))) for c in busy)
         phases.append(Phase(f"round {r + 1}", busy, thinks, len(busy)))
-    workload = Workload(conversations, 1 + rounds * turns, 1, stream=True)
+    workload = Workload(conversations, 1 + rounds * turns, 1, max_tokens, stream=True)
     return Plan(name, hosts, ONE_SLOT_ARGS, conversations, tuple(phases), workload)
 
 
 def plan_of(
-    workload: str, rounds: int = 3, turns: int | None = None, think: float = 2.0, seed: int = 37
+    workload: str,
+    rounds: int = 3,
+    turns: int | None = None,
+    think: float = 2.0,
+    seed: int = 37,
+    max_tokens: int | None = None,
 ) -> Plan:
-    """The named workload (see the module docstring); `turns` None: its own default."""
+    """The named workload (see the module docstring); `turns` and `max_tokens` None: its
+    own defaults."""
     if workload == "overload":
-        return rounds_plan("overload", 3, 9, 3, 1, rounds, turns or 3, think, seed)
+        reply = max_tokens or AGENT_REPLY
+        return rounds_plan("overload", 3, 9, 3, 1, rounds, turns or 3, think, seed, reply)
     if workload == "shape":
-        return rounds_plan("shape", 2, 6, 2, 0, rounds, turns or 3, think, seed)
+        reply = max_tokens or AGENT_REPLY
+        return rounds_plan("shape", 2, 6, 2, 0, rounds, turns or 3, think, seed, reply)
     if workload == "default":
-        streamed = Workload(9, turns or 5, 3, stream=True)
+        streamed = Workload(9, turns or 5, 3, max_tokens or Workload.max_tokens, stream=True)
         phases = tuple(phases_of(streamed))
         return Plan("default", 3, real_cache.LLAMA_ARGS, 9, phases, streamed)
     raise ValueError(f"unknown workload {workload!r} (known: {', '.join(WORKLOADS)})")
@@ -552,6 +567,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--seed", type=int, default=37, help="of the think times")
     p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"each reply's limit (overload and shape: {AGENT_REPLY}; default: 24)",
+    )
+    p.add_argument(
         "--crossbar-python",
         default=sys.executable,
         help="the Python of the venv whose twistd runs crossbar (default: this one)",
@@ -589,7 +610,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Install the peers asked for, then run one sitting in this process's reactor."""
     args = parse_args(argv)
-    plan = plan_of(args.workload, args.rounds, args.turns, args.think, args.seed)
+    plan = plan_of(args.workload, args.rounds, args.turns, args.think, args.seed, args.max_tokens)
     args.hosts = plan.hosts  # what real_cache.start_hosts starts
     out = sys.stderr if args.json else sys.stdout
     load_before = os.getloadavg()
