@@ -54,7 +54,7 @@ class Route:
     # The valve: a queued turn moves when its wait at home exceeds its wait and re-prefill on
     # another host x valve_margin + valve_slack; a conversation it moved stays valve_hold.
     valve: bool = True
-    valve_margin: float = 1.5
+    valve_margin: float = 1.0
     valve_slack: float = 0.25
     valve_hold: float = 60.0
 
@@ -175,7 +175,7 @@ def read_route_body(table: Section, name: str) -> Route:
         max_tokens_cap=table.integer("max_tokens_cap", None),
         record_content=table.boolean("record_content", False),
         valve=table.boolean("valve", True),
-        valve_margin=table.positive_number("valve_margin", 1.5, 1.0, VALVE_MARGIN_MAX),
+        valve_margin=table.positive_number("valve_margin", 1.0, 1.0, VALVE_MARGIN_MAX),
         valve_slack=table.duration("valve_slack", 0.25, positive=False),
         valve_hold=table.duration("valve_hold", 60.0, positive=False),
     )

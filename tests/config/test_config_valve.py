@@ -20,7 +20,7 @@ def errors_of(**keys):
 
 def test_the_valve_is_on_by_default_with_its_documented_tuning():
     r = route()
-    assert (r.valve, r.valve_margin, r.valve_slack, r.valve_hold) == (True, 1.5, 0.25, 60.0)
+    assert (r.valve, r.valve_margin, r.valve_slack, r.valve_hold) == (True, 1.0, 0.25, 60.0)
     assert r.valves()
 
 
