@@ -3,8 +3,8 @@
 
 A lease moves only when its host is unhealthy, when it has been idle longer than `idle`, when
 an operator pins or releases its route, or when crossbar moves it outside `acquire`: a warm
-hand-off (`move`), a conversation its host evicted (`rehome`), a lease its first request could
-not use (`undo`). Every change goes to the store (through the
+hand-off or the valve (`move`), a conversation its host evicted (`rehome`), a lease its first
+request could not use (`undo`). Every change goes to the store (through the
 journal, journal.py) and is applied to memory only once it is written, so a restart
 (`Table.load`) moves nobody. While the store cannot be written, changes that serve clients
 (leases made, moved, touched; hosts a reload removed) are applied to memory and kept by the
