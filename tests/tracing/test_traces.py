@@ -18,6 +18,7 @@ import anthropic
 import openai
 import pytest_twisted
 from prometheus_client.parser import text_string_to_metric_families
+from twisted.internet import defer
 from twisted.internet.threads import deferToThread
 
 from crossbar.admin import GenAIMetrics
@@ -488,3 +489,50 @@ async def test_a_refused_connection_is_a_failed_attempt_and_the_lease_span_says_
     assert upstream_traceparents(crossbar, "/v1/chat/completions", "atlas") == [
         f"00-{TRACE}-{attempts[1].span_id}-01"
     ]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_turn_the_valve_moves_has_a_lease_span_saying_so(receiver):
+    pace = {"parallel": 1, "tokens_per_second": 20, "prefill_ms_per_token": 2, "reply_tokens": 20}
+    fakes = await start_fakes("titan", "atlas", **pace)
+    routes = {"convo": {"hosts": ["titan", "atlas"], "default_model": MODEL}}
+    crossbar = await start_crossbar(
+        fakes, routes, tracing={"endpoint": receiver.endpoint}, parallel=1
+    )
+    conversations = [
+        [{"role": "user", "content": f"Conversation {i}: tidy module {i}."}] for i in range(4)
+    ]
+
+    def turn(i: int, traceparent: str | None = None) -> Any:
+        def call() -> Any:
+            with client(crossbar) as c:
+                raw = c.chat.completions.with_raw_response.create(
+                    model=MODEL, messages=conversations[i],
+                    extra_headers={"traceparent": traceparent} if traceparent else None,
+                )  # fmt: skip
+            reply = raw.parse().choices[0].message.content
+            conversations[i] += [{"role": "assistant", "content": reply}]
+            conversations[i] += [{"role": "user", "content": "Next?"}]
+            return raw.headers["X-Crossbar-Host"], raw.headers["X-Crossbar-Lease"]
+
+        return call
+
+    try:
+        homes = [(await in_thread(turn(i)))[0] for i in range(4)]
+        assert homes == ["titan", "atlas", "titan", "atlas"]
+        # 0 and 2 share titan: whichever queues moves to idle atlas, its trace says so.
+        traces = {0: f"00-{TRACE}-{PARENT}-01", 2: f"00-{'5' * 32}-{PARENT}-01"}
+        answers = await wait(
+            defer.gatherResults([deferToThread(turn(i, traces[i])) for i in (0, 2)]), 60
+        )
+        mover = (0, 2)[answers.index(("atlas", "moved"))]
+        trace_id = traces[mover].split("-")[1]
+        spans = await spans_of(receiver, crossbar, trace_id, 5)
+    finally:
+        await crossbar.stop()
+    leases = sorted((s for s in spans if s.name == "crossbar.lease"), key=lambda s: s.start_ns)
+    assert [s.attributes["crossbar.lease"] for s in leases] == ["reused", "moved"]
+    moved = leases[1].attributes
+    assert (moved["crossbar.lease.reason"], moved["crossbar.lease.from"]) == ("busy", "titan")
+    assert moved["crossbar.host"] == "atlas"
+    assert moved["crossbar.valve.stay_s"] > moved["crossbar.valve.move_s"]
