@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
+import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +201,40 @@ def tree_cpu_seconds(root: int) -> float:
     """CPU seconds so far of `root` and all its descendants."""
     stats = _stats()
     return sum(stat_ticks(stats[pid]) for pid in tree(root, stats)) / CLK_TCK
+
+
+def crossbar_checkout(python: str) -> str:
+    """Where `python` imports crossbar from (which checkout runs), or why it cannot."""
+    code = "import crossbar, os; print(os.path.dirname(os.path.dirname(crossbar.__file__)))"
+    try:
+        # from / so that the current directory's checkout does not answer for it
+        done = subprocess.run(
+            [python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/"
+        )
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"unknown ({e})"
+    return done.stdout.strip() if done.returncode == 0 else f"none ({done.stderr.strip()[-200:]})"
+
+
+class PortPicker:
+    """Ports from a bench's range, each checked free and never handed out twice in a sitting
+    (a port a process just left may still be in TIME_WAIT)."""
+
+    def __init__(self, ports: range) -> None:
+        self._ports = ports
+        self._next: Iterator[int] = iter(ports)
+
+    def take(self, n: int = 1) -> list[int]:
+        """`n` free ports; DemoError when the range runs out."""
+        taken: list[int] = []
+        for port in self._next:
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            taken.append(port)
+            if len(taken) == n:
+                return taken
+        first, last = self._ports.start, self._ports.stop - 1
+        raise DemoError(f"fewer than {n} free ports left in {first}-{last}")

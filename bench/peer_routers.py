@@ -26,7 +26,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from measure import wait_http
 
@@ -113,6 +113,19 @@ def available(names: list[str], home: Path = HOME) -> dict[str, Path]:
         except PeerUnavailable as e:
             print(f"skipping {name}: {e}", file=sys.stderr, flush=True)
     return found
+
+
+def install_all(names: list[str], out: TextIO, home: Path = HOME) -> dict[str, str]:
+    """Install the routers of `names` where they are not; those that cannot be, with why (each
+    said on `out`), for a sitting to skip."""
+    skipped = {}
+    for name in names:
+        try:
+            ensure_installed(name, home)
+        except PeerUnavailable as e:
+            skipped[name] = str(e)
+            print(f"skipping {name}: {e}", file=out, flush=True)
+    return skipped
 
 
 def command(

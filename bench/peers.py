@@ -68,8 +68,7 @@ from typing import Any
 
 import peer_routers
 from agent_bodies import body_parts
-from measure import tree_cpu_seconds, with_processes
-from real_cache import crossbar_checkout
+from measure import crossbar_checkout, tree_cpu_seconds, with_processes
 from scale import ANSWER, MODEL
 from streams import Reader
 from wrk_report import parse_wrk

@@ -36,11 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -63,7 +60,9 @@ from agent_workload import (
     with_ratios,
 )
 from measure import (
+    PortPicker,
     cpu_seconds,
+    crossbar_checkout,
     react,
     wait_http,
     with_processes,
@@ -84,29 +83,6 @@ LLAMA_MODEL = CACHE / "gemma-3-270m-q4_k_m.gguf"
 # with the default 8 GiB even round-robin matches the ideal, every host keeping everything.
 LLAMA_ARGS = ("-np", "2", "-c", "8192", "-t", "1", "--cache-ram", "24", "--no-repack")
 START_SECONDS = 120.0  # a llama-server loads this model in a few seconds, slower when busy
-
-
-class PortPicker:
-    """Ports from this bench's range, each checked free and never handed out twice in a
-    sitting (a port a router just left may still be in TIME_WAIT)."""
-
-    def __init__(self, ports: range = PORTS) -> None:
-        self._ports = ports
-        self._next: Iterator[int] = iter(ports)
-
-    def take(self, n: int) -> list[int]:
-        taken: list[int] = []
-        for port in self._next:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            taken.append(port)
-            if len(taken) == n:
-                return taken
-        first, last = self._ports.start, self._ports.stop - 1
-        raise DemoError(f"fewer than {n} free ports left in {first}-{last}")
 
 
 CROSSBAR_CONFIG = """\
@@ -134,7 +110,7 @@ class Sitting:
     progress: TextIO
     skipped: dict[str, str]  # peer routers that could not be installed, and why
     load_before: tuple[float, float, float]
-    ports: PortPicker = field(default_factory=PortPicker)
+    ports: PortPicker = field(default_factory=lambda: PortPicker(PORTS))
     runs: int = 0
 
 
@@ -294,19 +270,6 @@ def cpu_of(started: Started) -> dict[str, float]:
     return {"router": router, "hosts": hosts}
 
 
-def crossbar_checkout(python: str) -> str:
-    """Where `python` imports crossbar from (which checkout runs), or why it cannot."""
-    code = "import crossbar, os; print(os.path.dirname(os.path.dirname(crossbar.__file__)))"
-    try:
-        # from / so that the current directory's checkout does not answer for it
-        done = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/"
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unknown ({e})"
-    return done.stdout.strip() if done.returncode == 0 else f"none ({done.stderr.strip()[-200:]})"
-
-
 async def run_sitting(reactor: Any, sitting: Sitting) -> None:
     """Every chosen router in order, then the table; exit status 1 if any router failed."""
     args, out = sitting.args, sitting.progress
@@ -389,13 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
     load_before = os.getloadavg()
-    skipped = {}
-    for name in (r for r in args.routers if r in PEERS):
-        try:
-            peer_routers.ensure_installed(name)
-        except peer_routers.PeerUnavailable as e:
-            skipped[name] = str(e)
-            print(f"skipping {name}: {e}", file=out, flush=True)
+    skipped = peer_routers.install_all([r for r in args.routers if r in PEERS], out)
     load = " ".join(f"{x:.2f}" for x in load_before)
     print(f"load average before: {load}; {os.cpu_count()} cores", file=out)
     if "crossbar" in args.routers:

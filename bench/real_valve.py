@@ -87,7 +87,7 @@ from agent_workload import (
     sent_to,
     through,
 )
-from measure import Reader, percentile, react, with_processes
+from measure import Reader, crossbar_checkout, percentile, react, with_processes
 from prometheus_client.parser import text_string_to_metric_families
 from twisted.web.client import Agent
 
@@ -601,9 +601,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     wants_crossbar = any(r in CROSSBARS for r in args.routers)
     if wants_crossbar and not (Path(args.crossbar_python).parent / "twistd").exists():
         p.error(f"--crossbar-python: no twistd beside {args.crossbar_python}")
-    args.crossbar_checkout = (
-        real_cache.crossbar_checkout(args.crossbar_python) if wants_crossbar else None
-    )
+    args.crossbar_checkout = crossbar_checkout(args.crossbar_python) if wants_crossbar else None
     return args
 
 
@@ -614,13 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     args.hosts = plan.hosts  # what real_cache.start_hosts starts
     out = sys.stderr if args.json else sys.stdout
     load_before = os.getloadavg()
-    skipped = {}
-    for name in (r for r in args.routers if r in PEERS):
-        try:
-            peer_routers.ensure_installed(name)
-        except peer_routers.PeerUnavailable as e:
-            skipped[name] = str(e)
-            print(f"skipping {name}: {e}", file=out, flush=True)
+    skipped = peer_routers.install_all([r for r in args.routers if r in PEERS], out)
     load = " ".join(f"{x:.2f}" for x in load_before)
     print(f"load average before: {load}; {os.cpu_count()} cores", file=out)
     print(

@@ -61,8 +61,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from bisect import bisect_left, bisect_right
@@ -72,13 +70,20 @@ from pathlib import Path
 from typing import Any
 
 import httptools
-from measure import cpu_seconds, percentile, react, wait_http, with_processes
+from measure import (
+    PortPicker,
+    cpu_seconds,
+    crossbar_checkout,
+    percentile,
+    react,
+    wait_http,
+    with_processes,
+)
 from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 
-from crossbar.demo.plan import DemoError
 from crossbar.demo.processes import Process, Processes, stop
 from crossbar.wire.twisted_private import write_now
 
@@ -446,26 +451,6 @@ def pin(pid: int, cpu: int) -> None:
         os.sched_setaffinity(int(task), {cpu})
 
 
-class PortPicker:
-    """Ports of PORTS, each checked free and handed out once a sitting."""
-
-    def __init__(self, ports: range = PORTS) -> None:
-        self._next = iter(ports)
-
-    def take(self, n: int = 1) -> list[int]:
-        taken: list[int] = []
-        for port in self._next:
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            taken.append(port)
-            if len(taken) == n:
-                return taken
-        raise DemoError(f"fewer than {n} free ports left in {PORTS.start}-{PORTS.stop - 1}")
-
-
 @dataclass
 class Target:
     """Where the clients go: a port, and the process whose CPU is the proxy's (None: the host
@@ -485,7 +470,7 @@ class Sitting:
     args: argparse.Namespace
     processes: Processes
     work: Path
-    ports: PortPicker = field(default_factory=PortPicker)
+    ports: PortPicker = field(default_factory=lambda: PortPicker(PORTS))
     skipped: dict[str, str] = field(default_factory=dict)
 
 
@@ -502,19 +487,6 @@ async def start_host(reactor: Any, sitting: Sitting) -> int:
     process = sitting.processes.start("host", argv)
     await wait_http(reactor, process, f"http://127.0.0.1:{port}/health", _ok, START_SECONDS)
     return port
-
-
-def crossbar_checkout(python: str) -> str:
-    """Where `python` imports crossbar from (which checkout runs), or why it cannot."""
-    code = "import crossbar, os; print(os.path.dirname(os.path.dirname(crossbar.__file__)))"
-    try:
-        # from / so that the current directory's checkout does not answer for it
-        done = subprocess.run(
-            [python, "-c", code], capture_output=True, text=True, timeout=60, cwd="/"
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"unknown ({e})"
-    return done.stdout.strip() if done.returncode == 0 else f"none ({done.stderr.strip()[-200:]})"
 
 
 def host_process(sitting: Sitting) -> Process:
