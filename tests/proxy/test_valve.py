@@ -111,6 +111,8 @@ def test_a_turn_facing_a_wait_longer_than_its_prefill_elsewhere_moves_then_stays
     assert second.header(b"X-Crossbar-Queue-Ms") == b"0"
     assert b.turn() == ("atlas", "reused")  # it stays on its new host
     assert b.turn() == ("atlas", "reused")
+    _, metrics = crossbar.admin("GET", "/metrics")  # the operator sees it, by its reason
+    assert 'crossbar_lease_moves_total{reason="busy"} 1.0' in metrics
 
 
 def test_a_long_conversation_waits_for_its_warm_host():

@@ -44,3 +44,6 @@ async def test_the_openai_client_sees_its_busy_conversation_moved_and_kept(launc
     assert [(e.reason, e.from_host, e.to_host) for e in events if e.reason == "busy"] == [
         ("busy", "titan", "atlas")
     ]
+    # The dashboard's "Most moved conversations" counts it.
+    (moved,) = await crossbar.parts.store.top_moves(0, 10)
+    assert moved["moves"] == 1 and moved["route"] == "convo"
