@@ -46,9 +46,8 @@ MIN_LOST = 32
 # conversation is placed where the active ones, itself included, stay within this share of it.
 ROOM_SHARE = 0.8
 _LEARN_WEIGHT = 0.25  # of each new eviction's sample in the learned capacity
-_SHARE_WEIGHT = (
-    0.5  # of each reused turn in a host's eviction share: contention changes turn by turn
-)
+# Of each reused turn in a host's eviction share: contention changes turn by turn.
+_SHARE_WEIGHT = 0.5
 _FRESH_WEIGHT = 0.5  # of each first turn's cached tokens in what a newcomer finds
 _FRESH_KEPT = 1024  # (route, model) pairs whose first turns a host remembers, newest kept
 

@@ -56,12 +56,10 @@ class _Rate:
 
     tokens: float = 0.0
     seconds: float = 0.0
-    samples: int = 0
 
     def add(self, tokens: float, seconds: float) -> None:
         self.tokens = self.tokens * DECAY + tokens
         self.seconds = self.seconds * DECAY + seconds
-        self.samples += 1
 
     @property
     def value(self) -> float | None:
@@ -97,9 +95,7 @@ class Rates:
 
     def learn_overhead(self, host: str, model: str, seconds: float) -> None:
         """One answer spent `seconds` of its slot's time outside its prefill and output."""
-        pair, value = (host, model), max(0.0, seconds)
-        mean = self._overhead.get(pair)
-        self._overhead[pair] = value if mean is None else mean + _OVERHEAD_WEIGHT * (value - mean)
+        _follow(self._overhead, (host, model), max(0.0, seconds), _OVERHEAD_WEIGHT)
 
     def overhead(self, host: str, model: str) -> float:
         """Seconds a request of `model` holds a slot of `host` beyond its prefill and output."""
@@ -110,10 +106,7 @@ class Rates:
         if expected < _MIN_ESTIMATE or held < 0:
             return
         low, high = FACTOR_RANGE
-        ratio = min(high, max(low, held / expected))
-        pair = (host, model)
-        mean = self._factor.get(pair)
-        self._factor[pair] = ratio if mean is None else mean + _FACTOR_WEIGHT * (ratio - mean)
+        _follow(self._factor, (host, model), min(high, max(low, held / expected)), _FACTOR_WEIGHT)
 
     def factor(self, host: str, model: str) -> float:
         """How much longer than these rates expect the (host, model)'s slots are held."""
@@ -121,9 +114,7 @@ class Rates:
 
     def learn_output(self, route: str, completion: int) -> None:
         """A turn of `route` wrote `completion` tokens."""
-        mean = self._output.get(route)
-        value = float(completion)
-        self._output[route] = value if mean is None else mean + _OUTPUT_WEIGHT * (value - mean)
+        _follow(self._output, route, float(completion), _OUTPUT_WEIGHT)
 
     def prefill(self, host: str, model: str) -> float:
         """Prompt tokens per second `host` prefills for `model` (module doc: its defaults)."""
@@ -174,3 +165,9 @@ class Rates:
             return own.value
         others = [r.value for (_, m), r in table.items() if m == model and r.value is not None]
         return sum(others) / len(others) if others else default
+
+
+def _follow(means: dict[Any, float], key: Any, value: float, weight: float) -> None:
+    """Move the running mean `means[key]` towards `value` by `weight` (the first value is it)."""
+    mean = means.get(key)
+    means[key] = value if mean is None else mean + weight * (value - mean)

@@ -114,7 +114,7 @@ class Limiter:
         # Told (host, model) whenever its slots or queue moved (a release, a waiter gone): the
         # valve judges again the turns waiting elsewhere (proxy/valve.py).
         self.on_moved: list[Callable[[str, str], None]] = []
-        self._waiting: dict[Work, tuple[Pair, Waiter]] = {}  # queued work, for `withdraw`
+        self._waiting: dict[Work, Waiter] = {}  # the waiter of each queued work
 
     # -- the request path
 
@@ -167,8 +167,8 @@ class Limiter:
         slots.waiters.push(waiter)
         state.waiting[key] += 1
         if work is not None:
-            waiter.work, work.seq, work.priority = work, waiter.seq, state.limits.priority
-            self._waiting[work] = (key, waiter)
+            waiter.work = work
+            self._waiting[work] = waiter
         for listener in self.on_wait:
             listener(host, model, state.limits.priority)
         return waiter.deferred
@@ -191,10 +191,9 @@ class Limiter:
         """Take the waiter of `work` out of its queue to go elsewhere (the valve): its Deferred
         fails with CancelledError, and it counts neither as cancelled nor timed out. False
         when it is not waiting (admitted, gone)."""
-        found = self._waiting.get(work)
-        if found is None:
+        waiter = self._waiting.get(work)
+        if waiter is None:
             return False
-        _, waiter = found
         waiter.withdrawn = True
         assert waiter.deferred is not None
         waiter.deferred.cancel()
@@ -214,7 +213,13 @@ class Limiter:
         slots = self._slots.get(key)
         if slots is None:
             return 0.0
-        ahead = [w.work for w in slots.waiters if w.work is not None and _ahead(w.work, before)]
+        mine = self._waiting.get(before) if before is not None else None
+        rank = None if mine is None else self._rank(mine)
+        ahead = [
+            w.work
+            for w in slots.waiters
+            if w.work is not None and (rank is None or self._rank(w) < rank)
+        ]
         if not ahead and slots.in_flight < limit:
             return 0.0
         pace = self._pace(host, model)
@@ -399,12 +404,17 @@ class Limiter:
 
     def _start(self, key: Pair, slots: SlotEntry, work: Work | None) -> None:
         if work is not None:
-            work.started, work.seq = self._clock.seconds(), -1
+            work.started = self._clock.seconds()
             # Only an estimate made from what the host and route have shown may teach the
             # factor; the first guesses' errors say nothing of the next requests.
             learned = work.informed and self.rates.source(*key) == "learned"
             work.estimate = _cost(work, self._pace(*key)) if learned else 0.0
             slots.running.add(work)
+
+    def _rank(self, waiter: Waiter) -> tuple[int, int]:
+        """Where a waiter stands in the admission order, roughly: a higher priority first, then
+        arrival (the fair shares between lines and keys aside)."""
+        return -self._routes[waiter.route].limits.priority, waiter.seq
 
     def _moved(self, key: Pair) -> None:
         for listener in self.on_moved:
@@ -443,8 +453,7 @@ class Limiter:
                 for pair in sorted(p for p in state.waiting if p != key):
                     self._admit(pair, self._slots[pair])
             self._forget_if_idle(state)
-            if self.on_moved:
-                self._moved(key)
+            self._moved(key)
 
         return release
 
@@ -485,13 +494,11 @@ class Limiter:
         assert waiter.timer is not None
         waiter.timer.cancel()
         self._unqueue(waiter)
-        if self.on_moved:
-            self._moved(key)
+        self._moved(key)
 
     def _unqueue(self, waiter: Waiter) -> None:
         if waiter.work is not None:
             self._waiting.pop(waiter.work, None)
-            waiter.work.seq = -1
 
     def _expire(self, key: Pair, slots: SlotEntry, waiter: Waiter) -> None:
         slots.waiters.remove(waiter)
@@ -500,8 +507,7 @@ class Limiter:
         self._unwait(state, key)
         self._forget_if_idle(state)
         self._unqueue(waiter)
-        if self.on_moved:
-            self._moved(key)
+        self._moved(key)
         assert waiter.deferred is not None
         host, model = key
         waited = self._clock.seconds() - waiter.enqueued
@@ -517,13 +523,6 @@ class Limiter:
         estimate = hold * (len(slots.waiters) + 1) / self._limit(key)
         # Retry-After is whole seconds; below 1 s a client would just hammer the queue.
         return max(1.0, min(estimate, self._queue_timeout))
-
-
-def _ahead(work: Work, of: Work | None) -> bool:
-    """Whether a waiter's `work` goes before `of` (None: a newcomer, behind everyone)."""
-    if of is None:
-        return True
-    return work.priority > of.priority or (work.priority == of.priority and work.seq < of.seq)
 
 
 def _cost(work: Work, pace: tuple[float, float, float]) -> float:

@@ -88,8 +88,6 @@ class Work:
     # Its output is its own limit or a learned mean, not a guess: its hold may teach the factor.
     informed: bool = True
     streamed: Callable[[], int] = _nothing_streamed
-    priority: int = 0  # its route's: a waiter of a higher one goes first
-    seq: int = -1  # its arrival number while it waits (-1: not waiting)
 
 
 @define(eq=False)

@@ -24,7 +24,6 @@ routes, `affinity = "route"` and `queue = false` never come here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from attrs import define, field, frozen
@@ -109,8 +108,6 @@ class Valve:
         self._warmth = warmth
         self._waiting: dict[str, set[_Waiting]] = {}  # model -> its turns waiting
         limiter.on_moved.append(self._queue_moved)
-        # Told of each move as it lands (tests, tracing); the lease event is the table's.
-        self.on_move: list[Callable[[Turn, Verdict], None]] = []
 
     @staticmethod
     def eligible(call: Call, acquired: Acquired) -> bool:
@@ -222,8 +219,6 @@ class Valve:
             route=call.route.name, fp=call.key.fp, home=turn.home, host=verdict.host,
             stay=verdict.stay, move=verdict.move,
         )  # fmt: skip
-        for listener in list(self.on_move):
-            listener(turn, verdict)
         return Placed(await slot, verdict.host, verdict)
 
     # -- judging again while turns wait

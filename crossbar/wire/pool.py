@@ -349,8 +349,8 @@ class HostConnection(Protocol):
         except httptools.HttpParserError as e:
             failure = reading.failure or NotHTTP(_unreadable(reading, e))
         # What this read brought, in order; an answer that ended in it has called on_done first.
-        while held:
-            held.pop(0)()
+        for passed_on in held:  # a reader's fault clears the rest of it
+            passed_on()
         reading.held = None
         if failure is not None:
             self._fail(reading, failure)
