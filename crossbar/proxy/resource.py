@@ -24,7 +24,7 @@ from twisted.web.server import NOT_DONE_YET
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, LeaseError, NoHost
-from crossbar.limiter import Limiter, LimiterError, Release, Work
+from crossbar.limiter import Limiter, Work
 from crossbar.proxy import cors, pace, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
@@ -40,8 +40,9 @@ from crossbar.proxy.routing import (
     resolve_route,
     split_route,
 )
+from crossbar.proxy.slot import SlotStep
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
-from crossbar.proxy.valve import Placed, Replace, Turn, Valve
+from crossbar.proxy.valve import Replace, Valve
 from crossbar.tenants import ClientKey, KeyRefused, OverLimit, Reservation, Tenants
 from crossbar.wire import (
     INTERNAL,
@@ -101,10 +102,6 @@ class _Open:
 OPEN = _Open()
 
 
-def _noop() -> None:
-    pass
-
-
 def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
     """The request's `http.route`: crossbar's URL with the route name left out, for a path
     crossbar serves (None for any other: a client's invented path is no template)."""
@@ -146,7 +143,7 @@ class ProxyResource(Resource):
         """`tracing`: crossbar's spans (None, the default: tracing off, and no cost);
         `valve`: moves queued turns where they start sooner (None: every turn waits at home)."""
         super().__init__()
-        self._valve = valve
+        self._slots = SlotStep(clock, limiter, placement, tenants, valve)
         self._tenants = tenants
         self._config = config
         self._clock = clock
@@ -396,7 +393,9 @@ class ProxyResource(Resource):
             # Made before the wait, so that a freed slot's next request goes out at once.
             ready = self._prepare(call, host)
             try:
-                release, host, work = await self._slot(call, acquired, ex, key, exact, judged)
+                release, host, work = await self._slots.take(
+                    call, acquired, ex, key, exact, partial(self._where, call), judged
+                )
             except Replace:
                 judged = True
                 removed += 1
@@ -528,60 +527,6 @@ class ProxyResource(Resource):
             return await self._guard.check(call.model, host, limit, ex.prompt_chars, count)
         check = partial(self._guard.check, call.model, host, limit, ex.prompt_chars)
         return await traced.guard(ex.trace, check, count, host, limit)
-
-    async def _slot(
-        self,
-        call: Call,
-        acquired: Acquired,
-        ex: Exchange,
-        key: ClientKey | None,
-        exact: int | None,
-        judged: bool = False,
-    ) -> tuple[Release, str, Work | None]:
-        """A slot for `call` on its host, or on the host the valve moves it to: the release,
-        the host, and the work it brings there. Raises Replace when the valve found the lease
-        gone elsewhere."""
-        host = acquired.host
-        if call.kind is not Kind.INFERENCE:
-            return _noop, host, None  # control calls take neither a slot nor a queue place
-        prompt = exact if exact is not None else call.need
-        warm = self._placement.expected_cached(call, acquired)
-        output, informed = self._expected_output(call, key)
-        prefill = prompt - pace.held_on(self._placement.warmth, host, call, prompt, warm)
-        work = Work(prefill, output, informed=informed)
-        if not call.route.queues():
-            return self._limiter.track(host, call.model, call.route.limits, work), host, work
-        waited = self._clock.seconds()
-        try:
-            tenant = None if key is None else (key.name, key.limits.weight or 1.0)
-            pending = self._limiter.acquire(host, call.model, call.route.limits, tenant, work)
-            valve = self._valve
-            if pending.called or judged or valve is None or not valve.eligible(call, acquired):
-                slot: Deferred[Placed] = pending.addCallback(Placed, host)
-            else:
-                turn = Turn(call, host, work, prompt, warm, tenant, waited)
-                slot = Deferred.fromCoroutine(valve.wait(turn, pending))
-            if ex.trace is None:
-                placed = await slot
-            else:
-                placed = await traced.queue(ex.trace, slot, self._limiter, call, host, self._clock)
-        except LimiterError as e:
-            raise for_exception(e, self._where(call, host)) from None
-        finally:
-            ex.queue_ms += (self._clock.seconds() - waited) * 1000
-        verdict = placed.verdict
-        if verdict is not None:
-            ex.host = placed.host
-            ex.lease = "moved" if acquired.reused else "new"
-            if ex.trace is not None:
-                traced.valve_moved(ex.trace, call, host, verdict)
-        return placed.release, placed.host, work
-
-    def _expected_output(self, call: Call, key: ClientKey | None) -> tuple[int, bool]:
-        mean = None
-        if key is not None and self._tenants is not None:
-            mean = self._tenants.meter.mean_completion(key.name)
-        return pace.expected_output(call, self._limiter.rates, mean)
 
     async def _relay(
         self, request: Any, call: Call, ex: Exchange, response: Any, work: Work | None = None
