@@ -24,17 +24,10 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar.config import Config, HostConfig, ModelConfig
+from crossbar.wire.answer import HostClosed, HostResponse, NotHTTP, read_body
 from crossbar.wire.dialects import Dialect
 from crossbar.wire.endpoints import HostEndpoints, authorization
-from crossbar.wire.pool import (
-    HostClosed,
-    HostConnection,
-    HostPool,
-    HostResponse,
-    NotHTTP,
-    read_body,
-    request_head,
-)
+from crossbar.wire.pool import HostConnection, HostPool, request_head
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
     from crossbar.wire.inbound import Inbound

@@ -7,8 +7,8 @@ from twisted.internet import error as ierror
 from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
+from crossbar.wire.answer import HostClosed
 from crossbar.wire.dialects import classify as dialect_of
-from crossbar.wire.pool import HostClosed
 from crossbar.wire.upstream import classify
 from tests.support.harness import MODEL, start_fakes, until, wait
 
