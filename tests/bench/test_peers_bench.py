@@ -19,6 +19,7 @@ sys.path.insert(0, str(BENCH))
 import agent_bodies  # noqa: E402
 import measure  # noqa: E402
 import peers  # noqa: E402
+import peers_setup  # noqa: E402
 import wrk_report  # noqa: E402
 
 WRK_REPORT = """\
@@ -43,7 +44,7 @@ Transfer/sec:     25.80MB
 def test_each_conversation_opens_its_own_way_so_crossbar_leases_each():
     for kind in peers.BODIES:
         one, two = (json.loads(agent_bodies.body_for(kind, n)) for n in (1, 2))
-        assert one["model"] == peers.MODEL and one["max_tokens"] == 1
+        assert one["model"] == peers_setup.MODEL and one["max_tokens"] == 1
         assert chat_opening(one) != chat_opening(two)  # crossbar fingerprints the opening
         assert "Conversation 1:" in one["messages"][-1 if kind == "small" else 1]["content"]
 

@@ -20,6 +20,7 @@ sys.path.insert(0, str(BENCH))
 
 import agent_workload  # noqa: E402
 import real_valve  # noqa: E402
+import valve_workloads  # noqa: E402
 
 
 def crossbar_spread(conversations: int, hosts: int) -> dict[int, int]:
@@ -36,10 +37,10 @@ def crossbar_spread(conversations: int, hosts: int) -> dict[int, int]:
 
 
 def test_every_router_meets_the_same_schedule_and_the_seed_alone_changes_its_think_times():
-    for workload in real_valve.WORKLOADS:
-        assert real_valve.plan_of(workload) == real_valve.plan_of(workload)
-    plan = real_valve.plan_of("overload")
-    other = real_valve.plan_of("overload", seed=38)
+    for workload in valve_workloads.WORKLOADS:
+        assert valve_workloads.plan_of(workload) == valve_workloads.plan_of(workload)
+    plan = valve_workloads.plan_of("overload")
+    other = valve_workloads.plan_of("overload", seed=38)
     assert [p.conversations for p in plan.phases] == [p.conversations for p in other.phases]
     assert [p.thinks for p in plan.phases] != [p.thinks for p in other.phases]
     thinks = [t for p in plan.phases for each in p.thinks for t in each]
@@ -51,22 +52,25 @@ def test_every_router_meets_the_same_schedule_and_the_seed_alone_changes_its_thi
 
 def test_a_conversation_thinks_the_same_whatever_the_rounds_around_it():
     # Its think times are its own stream: adding rounds only appends to them.
-    short, long = real_valve.plan_of("overload", rounds=3), real_valve.plan_of("overload", rounds=6)
+    short, long = (
+        valve_workloads.plan_of("overload", rounds=3),
+        valve_workloads.plan_of("overload", rounds=6),
+    )
     assert long.phases[:4] == short.phases
     assert long.expected == 9 + 6 * 4 * 3 and short.expected == 45
 
 
 def test_conversations_begun_one_at_a_time_spread_over_the_hosts_as_crossbar_places_them():
     for conversations, hosts in ((9, 3), (6, 2)):
-        spread = real_valve.start_order_spread(conversations, hosts)
+        spread = valve_workloads.start_order_spread(conversations, hosts)
         assert spread == crossbar_spread(conversations, hosts)
-    plan = real_valve.plan_of("overload")
+    plan = valve_workloads.plan_of("overload")
     opening = plan.phases[0]
     assert opening.at_once == 1 and opening.conversations == tuple(range(9))
 
 
 def test_in_every_overload_round_three_busy_conversations_share_a_host_and_one_host_idles():
-    plan = real_valve.plan_of("overload")
+    plan = valve_workloads.plan_of("overload")
     spread = crossbar_spread(9, 3)
     assert len(plan.phases) == 4
     for phase in plan.phases[1:]:
@@ -79,7 +83,7 @@ def test_in_every_overload_round_three_busy_conversations_share_a_host_and_one_h
 
 
 def test_the_shape_is_two_busy_conversations_of_one_host_on_two_one_slot_hosts():
-    plan = real_valve.plan_of("shape")
+    plan = valve_workloads.plan_of("shape")
     spread = crossbar_spread(6, 2)
     assert plan.hosts == 2 and plan.conversations == 6
     assert plan.llama_args[:2] == ("-np", "1")
@@ -91,7 +95,7 @@ def test_the_shape_is_two_busy_conversations_of_one_host_on_two_one_slot_hosts()
 
 
 def test_the_default_workload_is_real_caches_streamed():
-    plan = real_valve.plan_of("default")
+    plan = valve_workloads.plan_of("default")
     assert plan.workload.stream and plan.expected == 45 and plan.hosts == 3
     assert plan.phases[0].at_once == 3 and "--no-repack" in plan.llama_args
 
@@ -143,7 +147,7 @@ def test_the_busy_moves_are_read_from_crossbars_metrics_by_reason():
 
 @pytest_twisted.ensureDeferred
 async def test_streamed_turns_through_round_robin_count_what_the_fakes_did():
-    plan = real_valve.plan_of("shape", rounds=2, think=0)
+    plan = valve_workloads.plan_of("shape", rounds=2, think=0)
     fakes = [FakeLlama(reactor, models=[agent_workload.MODEL], parallel=1) for _ in range(2)]
     for fake in fakes:
         await fake.start()

@@ -17,7 +17,7 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import slot_handoff  # noqa: E402
+import handoff_figures  # noqa: E402
 import slot_host  # noqa: E402
 
 CHAT = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'
@@ -226,17 +226,17 @@ def test_a_hand_off_counts_only_where_the_next_request_was_already_sent():
         record("d", 3, 550, 610, 700),  # sent at 540: waited at the host (direct)
     ]
     sent = {"a": 50, "b": 150, "c": 450, "d": 540}
-    found = slot_handoff.handoffs(records, sent)
+    found = handoff_figures.handoffs(records, sent)
     assert found == [
-        slot_handoff.Handoff(idle_ns=40, first_byte_ns=30, same_connection=True, ended=200),
-        slot_handoff.Handoff(idle_ns=10, first_byte_ns=-50, same_connection=False, ended=600),
+        handoff_figures.Handoff(idle_ns=40, first_byte_ns=30, same_connection=True, ended=200),
+        handoff_figures.Handoff(idle_ns=10, first_byte_ns=-50, same_connection=False, ended=600),
     ]
 
 
 def test_spreads_are_nearest_rank():
-    spread = slot_handoff.Spread.of([float(v) for v in range(1, 101)])
+    spread = handoff_figures.Spread.of([float(v) for v in range(1, 101)])
     assert (spread.n, spread.p50, spread.p90, spread.p99, spread.max) == (100, 50, 90, 99, 100)
-    assert slot_handoff.Spread.of([]).n == 0
+    assert handoff_figures.Spread.of([]).n == 0
 
 
 def test_crossbar_s_share_of_a_hand_off_is_split_at_its_stamps():
@@ -253,7 +253,7 @@ def test_crossbar_s_share_of_a_hand_off_is_split_at_its_stamps():
         ("request", 1_950, 10_750),
         ("usage", 2_050, 10_850),  # after the request went: none of the hand-off's
     ]
-    found = slot_handoff.breakdown([(1_000, 2_000), (3_000, 4_000)], stamps)
+    found = handoff_figures.breakdown([(1_000, 2_000), (3_000, 4_000)], stamps)
     assert found.skipped == 1  # the second window has no stamp
     assert found.wall == {
         "woke": [0.1],
@@ -281,7 +281,7 @@ def test_when_crossbar_was_awake_already_its_wake_up_costs_nothing():
         ("attempt", 1_500, 400),
         ("request", 1_550, 450),
     ]
-    found = slot_handoff.breakdown([(1_000, 1_600)], stamps)
+    found = handoff_figures.breakdown([(1_000, 1_600)], stamps)
     assert found.wall["woke"] == [0.0] and found.wall["host_data"] == [0.2]
     assert found.cpu["host_data"] == []  # no wake-up in the window to count from
     assert found.cpu["ended"] == [0.1]
@@ -298,7 +298,7 @@ def test_a_crossbar_that_frees_the_slot_before_the_relay_ends_has_nothing_in_fin
         ("finish", 1_500, 400),  # the relay ends after the next request went
         ("finished", 1_550, 450),
     ]
-    found = slot_handoff.breakdown([(1_000, 1_600)], stamps)  # the host reads it late
+    found = handoff_figures.breakdown([(1_000, 1_600)], stamps)  # the host reads it late
     assert found.skipped == 0
     assert found.wall["finish"] == [0.0] and found.wall["finished"] == [0.0]
     assert found.wall["admit"] == [0.02] and found.cpu["admit"] == [0.02]
