@@ -5,7 +5,8 @@ What the answer says goes to the caller as a `HostResponse`, which reads like tw
 IResponse (code, phrase, headers, length, deliverBody) so the relay stays what it was. How an
 answer can fail, each its own exception: the connection closed before the answer's head had all
 come (`HostClosed`), or the bytes were not HTTP (`NotHTTP`: a bad status line or header, more
-than 100 headers or 64 KiB of head, a bad length). A body cut short ends its protocol with
+than 100 headers or 64 KiB of head, a bad length, a Transfer-Encoding other than one
+`chunked`). A body cut short ends its protocol with
 `ResponseFailed`; one read to the close (no length, not chunked) with `PotentialDataLoss`; a
 whole one with `ResponseDone`, as twisted.web's client does.
 """
@@ -244,6 +245,13 @@ class Reading:
                 if low == b"content-length":
                     length = int(value)  # llhttp took it: digits, one value
                 elif low == b"transfer-encoding":
+                    if self.chunked or value.strip(b" \t").lower() != b"chunked":
+                        # gzip and the like would reach the client undecoded and unframed.
+                        shown = value.decode("latin-1")[:40]
+                        self.failure = NotHTTP(
+                            f"Transfer-Encoding {shown!r}: crossbar reads only chunked"
+                        )
+                        raise self.failure
                     self.chunked = True
             else:
                 plain.append((name, value))

@@ -1,16 +1,25 @@
 """Kept HTTP/1.1 connections to the hosts, in place of twisted.web's Agent and its pool; the
 answers they carry are read by answer.py.
 
-A connection carries one request at a time; once its answer has all been read it goes back to
-its host's idle list (at most `per_host` kept; the rest close), and one idle for `keep_idle`
-seconds closes. A host that closes its connection after every streamed (chunked) answer, as
-llama-server does while it says `Keep-Alive`, is learned the first time one such connection
-goes within a second of its stream's end: from then on a connection is not kept after a
-chunked answer of that host (the next request would meet its close and be sent again), and a
-spare is opened as such an answer begins, so the request that takes its slot next finds one
-ready. Every request is one write of its head (and body). The answer's head, body and end,
-as one read brings them, are passed on once that read is parsed: an answer that ends in it
-frees its caller (`on_done`) before its last bytes are relayed.
+A connection carries one request at a time. Every request is one write of its head (and
+body). The answer's head, body and end, as one read brings them, are passed on once that read
+is parsed whole: only then does a connection whose answer ended go back to its host's idle
+list (at most `per_host` kept; the rest close) and its caller hear that the host is free
+(`on_done`), before the answer's last bytes are relayed. A connection is never kept when its
+host sent bytes after the answer, answered before the request had all been sent (its body
+would wait in front of the next request), or said `Connection: close`.
+
+A kept connection rests before it carries another request, so that whatever the host sends
+unasked (a stale second answer) shows while no request is outstanding, and retires it instead
+of being read as the next request's answer: `QUIET` after an answer of known length, and
+`PROBATION` after a chunked answer until the host is known to keep such connections. A host
+that closes its connection after every streamed (chunked) answer, as llama-server does while
+it says `Keep-Alive`, is learned the first time one closes in its probation: from then on a
+connection is not kept after a chunked answer of that host, and a spare is opened as such an
+answer begins, so the request that takes its slot next finds one ready. A host that closes
+idle connections after some seconds (cpp-httplib's keep-alive timeout) is learned too, and a
+connection idle for most of that time is closed rather than raced. One idle for `keep_idle`
+seconds closes.
 """
 
 from __future__ import annotations
@@ -30,11 +39,17 @@ from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar.wire.answer import HostClosed, HostResponse, NotHTTP, Reading
-from crossbar.wire.twisted_private import write_now
+from crossbar.wire.twisted_private import unsent, write_now
 
 _MAX_ORIGINS = 4096  # parsed host URLs kept (one per configured host in practice)
-# A connection the host closes this soon after a chunked answer's end closed because of it.
-_CLOSED_AFTER = 1.0
+# A kept connection rests this long after its answer before it carries another request.
+QUIET = 0.05
+# ... and this long after a chunked answer, until its host is known to keep such connections:
+# a host that closes one within it closes after every chunked answer.
+PROBATION = 1.0
+# A connection is reused while it has been idle for less than this share of the idle time
+# after which its host was seen to close one.
+_IDLE_MARGIN = 0.75
 log = Logger(namespace="crossbar.upstream")
 
 
@@ -46,11 +61,14 @@ class HostConnection(Protocol):
         self.origin: _Origin | None = None
         self.lost = False
         self.idle_since = 0.0
+        self.kept = False  # it has been kept for another request at least once
         self.after_chunked = False  # its last answer was chunked
         self.expiry: IDelayedCall | None = None
         self._answer: Deferred[HostResponse] | None = None
         self.reading: Reading | None = None  # the answer it reads now
         self._received = False  # a byte of the answer came
+        self._early = False  # the answer began before the request had all been sent
+        self._ended: tuple[Reading, bool] | None = None  # an answer that ended in this read
         self._paused = False
 
     # -- one request
@@ -67,7 +85,7 @@ class HostConnection(Protocol):
         all been read and the connection is free, before the end of it is relayed."""
         self._answer = Deferred(self._cancel)
         self.reading = Reading(self, head_only, on_done)
-        self._received = False
+        self._received = self._early = False
         write_now(self.transport, (data, body) if body else (data,))
         return self._answer
 
@@ -78,7 +96,8 @@ class HostConnection(Protocol):
     def dataReceived(self, data: bytes) -> None:
         reading = self.reading
         if reading is None or reading.done:
-            # Bytes nobody asked for: the connection cannot be trusted with another request.
+            # Bytes nobody asked for (a stale second answer): the connection cannot be
+            # trusted with another request.
             self.abort()
             return
         self._received = True
@@ -89,13 +108,19 @@ class HostConnection(Protocol):
             failure = NotHTTP("the host switched protocols")
         except httptools.HttpParserError as e:
             failure = reading.failure or NotHTTP(reading.unreadable(e))
-        reading.pass_on()  # an answer that ended in this read has called on_done first
+        ended, self._ended = self._ended, None
+        if ended is not None:
+            # The answer is whole; bytes after it (the failure) only cost its connection.
+            self._free(ended[0], keep=ended[1] and failure is None)
+            failure = None
+        reading.pass_on()
         if failure is not None:
             self.fail(reading, failure)
 
     def answered(self, reading: Reading, response: HostResponse) -> None:
         """The answer's head is in."""
         answer, self._answer = self._answer, None
+        self._early = unsent(self.transport)
         origin = self.origin
         if reading.chunked and origin is not None and origin.closes_after_chunked:
             assert self.pool is not None
@@ -113,35 +138,43 @@ class HostConnection(Protocol):
             reading.held.append(partial(answer.callback, response))
 
     def ended(self, reading: Reading, keep: bool) -> None:
-        """The answer has all been read: the connection is free for the next request (kept
-        first, so a request waiting on this answer's end can take it at once)."""
+        """The answer has all been read (llhttp says so from inside its parse): the connection
+        is freed once the whole read is parsed (`_free`), the answer's end passed on after."""
         reading.done = True
         self.reading = None
+        self._ended = (reading, keep)
+        response = reading.response
+        if response is not None:
+            response.read_whole = True
+            reading.held.append(partial(response.end, Failure(ResponseDone())))
+
+    def _free(self, reading: Reading, keep: bool) -> None:
+        """The read that ended `reading`'s answer is parsed: the connection is kept for the
+        next request (first, so a request waiting on this answer's end can take it at once)
+        when it may be, and the caller hears the host is free."""
         origin = self.origin
         self.after_chunked = reading.chunked
         if reading.chunked and origin is not None and origin.closes_after_chunked:
-            keep = False  # the host closes it now: a request on it would be sent twice
+            keep = False  # the host closes it now: a request on it would be lost
+        if self._early or unsent(self.transport):
+            keep = False  # the rest of the request would reach the host before the next
         if keep and self.pool is not None:
             self.pool.release(self)
         else:
             self.abort()
-        response = reading.response
-        if response is not None:
-            response.read_whole = True
         if reading.on_done is not None:
             reading.on_done()
-        if response is not None:
-            reading.held.append(partial(response.end, Failure(ResponseDone())))
 
     # -- the connection
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        by_host = not self.lost  # not aborted by crossbar first
         self.lost = True
         if self.pool is not None:
             self.pool.forget(self)
             unanswered = self.reading is None or (self._answer is not None and not self._received)
-            if self.after_chunked and unanswered:
-                self.pool.closed_after_chunked(self)
+            if by_host and unanswered:
+                self.pool.closed_unasked(self)
         answer, self._answer = self._answer, None
         if answer is not None:
             answer.errback(HostClosed(self._received, reason))
@@ -201,7 +234,16 @@ class _Factory(Factory):
 class _Origin:
     """A host URL's scheme, host and port, parsed once: its endpoint and Host header."""
 
-    __slots__ = ("closes_after_chunked", "host", "idle", "key", "sparing", "uri")
+    __slots__ = (
+        "closes_after_chunked",
+        "host",
+        "idle",
+        "idle_close",
+        "keeps_after_chunked",
+        "key",
+        "sparing",
+        "uri",
+    )
 
     def __init__(self, origin: bytes) -> None:
         self.uri = URI.fromBytes(origin + b"/")
@@ -209,6 +251,8 @@ class _Origin:
         self.host = origin.split(b"//", 1)[-1]  # the authority as configured: host[:port]
         self.idle: list[HostConnection] = []
         self.closes_after_chunked = False  # learned: see the module doc
+        self.keeps_after_chunked = False  # learned: one outlived its probation
+        self.idle_close = 0.0  # learned: the host closed a connection idle this long
         self.sparing = False  # a spare connection is being opened
 
 
@@ -243,11 +287,28 @@ class HostPool:
         return origin, target
 
     def take(self, origin: _Origin) -> HostConnection | None:
-        """A kept connection to `origin`, the one used last (warmest), or None."""
-        while origin.idle:
-            connection = origin.idle.pop()
-            if not connection.lost:
-                return connection
+        """A kept connection to `origin` that has rested (see the module doc), the one used
+        last (warmest) among them, or None. One idle for most of the time after which its
+        host closes idle connections is closed instead of raced."""
+        idle = origin.idle
+        now = self._clock.seconds()
+        stale = origin.idle_close * _IDLE_MARGIN if origin.idle_close else None
+        for i in range(len(idle) - 1, -1, -1):
+            connection = idle[i]
+            rested = now - connection.idle_since
+            if connection.lost:
+                continue
+            if stale is not None and rested >= stale:
+                connection.abort()  # leaves `idle`: the loop runs from the end
+                continue
+            if connection.after_chunked and not origin.keeps_after_chunked:
+                if rested < PROBATION:
+                    continue
+                origin.keeps_after_chunked = True  # it outlived its probation
+            elif rested < QUIET:
+                continue
+            del idle[i]
+            return connection
         return None
 
     def connect(self, origin: _Origin) -> Deferred[HostConnection]:
@@ -263,7 +324,8 @@ class HostPool:
 
     def spare(self, origin: _Origin) -> None:
         """Open a connection to `origin` ahead of need, unless one is idle or on its way."""
-        if origin.sparing or any(not c.lost for c in origin.idle):
+        now = self._clock.seconds()
+        if origin.sparing or any(not c.lost and now - c.idle_since >= QUIET for c in origin.idle):
             return
         origin.sparing = True
 
@@ -276,18 +338,26 @@ class HostPool:
 
         self.connect(origin).addCallbacks(ready, failed)
 
-    def closed_after_chunked(self, connection: HostConnection) -> None:
+    def closed_unasked(self, connection: HostConnection) -> None:
         """The host closed `connection` with nothing asked of it or answered on it since its
-        chunked answer: soon after that answer, the host closes after every one."""
+        last answer: soon after a chunked answer, it closes after every one; later, it closes
+        connections idle that long (the latest such time is kept)."""
         origin = connection.origin
-        soon = self._clock.seconds() - connection.idle_since <= _CLOSED_AFTER
-        if origin is not None and soon and not origin.closes_after_chunked:
-            origin.closes_after_chunked = True
-            log.info(
-                "host {host} closes its connection after each streamed answer: a new one is "
-                "opened ahead of the next request instead",
-                host=origin.host.decode("ascii", "replace"),
-            )
+        if origin is None or not connection.kept:
+            return  # it never answered anything: nothing to learn
+        idle = self._clock.seconds() - connection.idle_since
+        if connection.after_chunked and idle <= PROBATION:
+            if not origin.closes_after_chunked and not origin.keeps_after_chunked:
+                origin.closes_after_chunked = True
+                log.info(
+                    "host {host} closes its connection after each streamed answer: a new one "
+                    "is opened ahead of the next request instead",
+                    host=origin.host.decode("ascii", "replace"),
+                )
+        elif idle > PROBATION and connection.reading is None:
+            # Learned only while it sat in the pool: a close after a request was written may
+            # be the request's doing (a crash), and its time counts the host's work.
+            origin.idle_close = idle
 
     def release(self, connection: HostConnection) -> None:
         """An answer was all read: keep its connection for the next request, or close it."""
@@ -296,6 +366,7 @@ class HostPool:
             connection.abort()
             return
         connection.idle_since = self._clock.seconds()
+        connection.kept = True
         origin.idle.append(connection)
         if connection.expiry is None:
             connection.expiry = self._clock.callLater(self.keep_idle, self._expire, connection)

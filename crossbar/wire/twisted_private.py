@@ -6,7 +6,9 @@ from above, so an upgrade that moves one of these fails a named test instead of 
 - A TCP transport's write buffer (`dataBuffer`, `offset`, `_tempDataBuffer`) and `socket`:
   `write_now` sends at once, with one `sendmsg`, what would otherwise wait for the next
   reactor turn to find the socket writable (an epoll event and two epoll_ctl calls per
-  write, a tenth of the proxy's CPU), when nothing written before is still waiting.
+  write, a tenth of the proxy's CPU), when nothing written before is still waiting; and
+  `unsent` tells whether a request's bytes still wait there (TLS's `_appSendBuffer` too), so
+  a connection whose host answered before reading them is never given another request.
 - The connection pool's `_factory`: the only way to make the factories of the health probes'
   treq pool quiet (one "Starting factory" log line per probe connection is noise).
 - `_PullToPush`: how twisted.web's HTTPChannel serves a pull producer (an IPullProducer
@@ -23,7 +25,7 @@ from twisted.internet import tcp
 from twisted.internet._producer_helpers import _PullToPush
 from twisted.web.client import HTTPConnectionPool, _HTTP11ClientFactory
 
-__all__ = ["pull_to_push", "quiet_pool", "write_now"]
+__all__ = ["pull_to_push", "quiet_pool", "unsent", "write_now"]
 
 _PLAIN = (tcp.Server, tcp.Client)
 
@@ -53,6 +55,18 @@ def write_now(transport: Any, pieces: Sequence[bytes]) -> None:
             else:
                 return
     transport.writeSequence(pieces)
+
+
+def unsent(transport: Any) -> bool:
+    """Whether bytes written to `transport` still wait in this process to be sent (on a plain
+    TCP connection, or TLS over one); False for any other transport (a test's, in memory)."""
+    while transport is not None:
+        if type(transport) in _PLAIN:
+            return len(transport.dataBuffer) > transport.offset or bool(transport._tempDataBuffer)
+        if getattr(transport, "_appSendBuffer", None):  # TLS: written before its handshake
+            return True
+        transport = getattr(transport, "transport", None)  # TLS over TCP: the TCP under it
+    return False
 
 
 class _QuietFactory(_HTTP11ClientFactory):

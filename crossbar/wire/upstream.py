@@ -1,9 +1,13 @@
 """All the host sees: the request crossbar sends it, the connection it goes over, and what a
 failure to get an answer means.
 
-Requests go over a persistent HTTP/1.1 pool. A failure on a pooled connection before any
-response byte is a keep-alive race (the host closed it as we reused it), retried once on a
-fresh connection. Cancelling a send (the client left) is never reported as a host failure,
+Requests go over a persistent HTTP/1.1 pool. One retry rule (Go's net/http's): a request is
+sent again, once, on a fresh connection, only when no byte of it reached the host (its
+connect failed for nothing the host did), or when it may be repeated: an idempotent method
+(GET, HEAD, OPTIONS, TRACE, PUT, DELETE) or an `Idempotency-Key` the client set, and its
+pooled connection closed before any byte of answer (the host closed it as we reused it). A
+completion is neither: a host that read one and closed gets it once, and the client a 502.
+Cancelling a send (the client left) is never reported as a host failure,
 whatever exception Twisted raises for it: the send's own canceller sets a flag, and a failure
 that follows it is a cancellation.
 """
@@ -164,6 +168,18 @@ def prepare(host: HostConfig, m: ModelConfig | None, inbound: Inbound) -> Outgoi
     return Outgoing(inbound.method.encode(), url, forwarded_headers(inbound, host.api_key), payload)
 
 
+_IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
+_IDEMPOTENCY_KEYS = (b"idempotency-key", b"x-idempotency-key")
+
+
+def repeatable(out: Outgoing) -> bool:
+    """Whether `out` may reach its host twice: an idempotent method (RFC 9110 §9.2.2), or an
+    `Idempotency-Key` (or `X-Idempotency-Key`) the client set, as Go's net/http reads it."""
+    if out.method in _IDEMPOTENT:
+        return True
+    return any(name.lower() in _IDEMPOTENCY_KEYS for name, _ in out.headers)
+
+
 @frozen
 class UpstreamFailure(Exception):
     """No usable answer came from the host; nothing of it reached the client.
@@ -172,8 +188,9 @@ class UpstreamFailure(Exception):
     the host looks down, and the request may go to another host. Anything later (a reset or
     close while the host had the request, an answer that is not HTTP) is this request's
     failure alone: a request that crashes hosts must not eject the fleet; the probes judge
-    the host. `reused`: it happened on a pooled connection, which is a keep-alive race to
-    retry once on a fresh connection to the same host. `detail` says what was not HTTP.
+    the host. `reused`: it happened on a pooled connection, which may be a keep-alive race,
+    retried once on a fresh connection to the same host when the request may be repeated
+    (`repeatable`). `detail` says what was not HTTP.
     `blameless`: it never reached the host, and not for anything the host did: this process
     ran out of file descriptors or ports, or its reactor was stalled (frozen, starved) past the
     connect timeout, so the timeout fired late. Such a failure says nothing of the host: it
@@ -264,11 +281,11 @@ class Upstream:
         try:
             return await self._attempt(out, fresh=False, on_done=on_done)
         except UpstreamFailure as failure:
-            if not (failure.reused or failure.blameless):
+            if not (failure.blameless or (failure.reused and repeatable(out))):
                 raise
-        # A pooled connection died under us (a keep-alive race), or the connect failed for
-        # nothing the host did (our reactor was late, our descriptors ran out): not the
-        # host. Once more, fresh.
+        # The connect failed for nothing the host did (our reactor was late, our descriptors
+        # ran out), or a pooled connection died under a request that may be repeated (a
+        # keep-alive race): once more, fresh.
         return await self._attempt(out, fresh=True, on_done=on_done)
 
     def _attempt(

@@ -5,6 +5,7 @@ import pytest
 from twisted.internet.defer import ensureDeferred
 
 from crossbar.leases.table import Key
+from crossbar.wire.pool import QUIET
 from tests.support.memnet import MODEL, chat, sse, start
 from tests.support.routes import CONVO
 
@@ -28,29 +29,55 @@ def test_a_client_leaving_while_its_host_thinks_aborts_the_host_and_blames_nobod
     assert (row.status, row.error, row.host) == (499, "client disconnected", "titan")
 
 
-def test_a_pooled_connection_the_host_dropped_is_retried_once_on_a_fresh_one():
+def test_a_completion_the_host_read_and_closed_on_is_sent_once_and_answered_502():
     crossbar = start(ROUTES)
     net = crossbar.net
     net.on_request["titan"] = lambda host: host.answer()
-    first = crossbar.post(CHAT, chat("one"))
-    assert first.status == 200
-    (pooled,) = net.connections["titan"]  # kept alive for the next request
+    assert crossbar.post(CHAT, chat("one")).status == 200
+    assert len(net.connections["titan"]) == 1  # kept alive for the next request
+    net.clock.advance(QUIET)  # rested: the next request takes it
 
-    # The host closes the idle connection just as crossbar reuses it: the request is lost
-    # without a byte of answer. That is a keep-alive race, not a host failure.
+    # The host reads the next request and closes without a byte of answer. It may have
+    # crashed on it, or closed the idle connection as crossbar reused it: crossbar cannot
+    # tell, and a completion is not sent twice on a guess.
+    def drop(host):
+        host.transport.loseConnection()
+
+    net.on_request["titan"] = drop
+    second = crossbar.post(CHAT, chat("one"))
+    assert second.status == 502
+    assert "closed the connection before answering" in error_of(second)["error"]["message"]
+    assert [c.requests() for c in net.connections["titan"]] == [2]  # sent once
+    assert crossbar.parts.hosts.healthy("titan")
+    assert "atlas" not in net.connections
+
+
+@pytest.mark.parametrize(
+    ("method", "headers"),
+    [("GET", {}), ("POST", {"Idempotency-Key": "turn-7"})],
+    ids=["an idempotent method", "an Idempotency-Key"],
+)
+def test_a_request_that_may_be_repeated_is_retried_once_on_a_fresh_connection(method, headers):
+    crossbar = start({"convo": {"hosts": ["titan"], "default_model": MODEL}}, hosts=("titan",))
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("one")).status == 200
+    (pooled,) = net.connections["titan"]
+    net.clock.advance(QUIET)
+
     def drop_then_answer(host):
         if host is pooled:
-            host.transport.abortConnection()
+            host.transport.loseConnection()  # a keep-alive race looks like this
         else:
             host.answer()
 
     net.on_request["titan"] = drop_then_answer
-    second = crossbar.post(CHAT, chat("one"))
-    assert second.status == 200
-    assert second.header(b"X-Crossbar-Host") == b"titan"
+    path = "/r/convo/slots" if method == "GET" else CHAT
+    body = chat("one") if method == "POST" else b""
+    client = crossbar.send(method, path, body, headers)
+    assert client.status == 200
     assert [c.requests() for c in net.connections["titan"]] == [2, 1]  # once more, fresh
     assert crossbar.parts.hosts.healthy("titan")
-    assert "atlas" not in net.connections
 
 
 def test_a_fresh_connection_refused_moves_the_request_and_marks_the_host_down():
@@ -139,12 +166,13 @@ def test_a_request_that_breaks_every_host_it_reaches_gets_502_and_ejects_no_one(
         host.transport.abortConnection()
 
     net.on_request["titan"] = net.on_request["atlas"] = crash
+    net.clock.advance(QUIET)
     client = crossbar.post(CHAT, chat("warm up"))  # same conversation: titan
     assert client.status == 502
     error = error_of(client)["error"]
     assert error["type"] == "api_error" and "titan" in error["message"]
-    # Pooled, then once fresh (a keep-alive race looks the same), then no other host.
-    assert [c.requests() for c in net.connections["titan"]] == [2, 1]
+    # On the pooled connection, once: not again fresh, and no other host.
+    assert [c.requests() for c in net.connections["titan"]] == [2]
     assert "atlas" not in net.connections
     assert hosts.healthy("titan") and hosts.healthy("atlas")
     net.on_request["atlas"] = lambda host: host.answer()

@@ -1,11 +1,13 @@
 """A kept connection tells its caller the moment the host's answer has all been read, before
-the last of it is relayed: the slot it held goes to the next request first (issue 37, item 6)."""
+the last of it is relayed: the slot it held goes to the next request first (issue 37, item 6).
+The connection itself goes back to the pool once the read that ended the answer is parsed
+whole, and rests there (`QUIET`) before it carries another request (issue 38)."""
 
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
-from crossbar.wire.pool import HostConnection, HostPool
+from crossbar.wire.pool import QUIET, HostConnection, HostPool
 
 ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n"
 
@@ -21,8 +23,11 @@ class Recorder(Protocol):
         self.events.append("end")
 
 
+CLOCK = Clock()  # each test's pool rests its connections on it
+
+
 def kept_connection() -> tuple[HostPool, HostConnection, StringTransport]:
-    pool = HostPool(Clock(), endpoints=None)
+    pool = HostPool(CLOCK, endpoints=None)
     connection = HostConnection()
     connection.pool = pool
     connection.origin, _ = pool.origin(b"http://host:8080/v1/chat/completions")
@@ -45,12 +50,15 @@ def test_an_answer_that_ends_in_one_read_frees_its_caller_before_it_is_relayed()
     pool, connection, _ = kept_connection()
     events: list = []
 
-    def done() -> None:  # the next request takes the connection that just freed
-        events.append(("done", pool.take(connection.origin) is connection))
+    def done() -> None:  # the connection is kept, resting, when the caller hears
+        events.append(("done", connection in connection.origin.idle))
 
     send(connection, events, done)
     connection.dataReceived(ANSWER + b"okay")
     assert events == [("done", True), "head", ("body", b"okay"), "end"]
+    assert pool.take(connection.origin) is None  # it rests first
+    CLOCK.advance(QUIET)
+    assert pool.take(connection.origin) is connection
 
 
 def test_a_body_is_relayed_as_it_comes_and_the_caller_freed_when_it_ends():
@@ -81,4 +89,5 @@ def test_a_body_read_whole_can_no_longer_pause_or_stop_the_connection():
     body.transport.pauseProducing()
     body.transport.stopProducing()  # its client left after the answer was read: nothing to stop
     assert transport.producerState == "producing" and not transport.disconnecting
+    CLOCK.advance(QUIET)
     assert pool.take(connection.origin) is connection
