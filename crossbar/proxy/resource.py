@@ -499,12 +499,18 @@ class ProxyResource(Resource):
         """Reserve the call's expected cost against its key's limits, before it queues for a
         slot (a key over its limit never waits behind the fleet): 429 when it does not fit.
         The prompt is the guard's exact count, else its estimate; what the lease's previous
-        turn left on the host is expected cached."""
+        turn left on the host is expected cached. A call without an output limit is expected
+        to write its key's mean completion, else its route's, else the meter's default, within
+        what is left of the host's context."""
         assert self._tenants is not None
         meter = self._tenants.meter
         prompt = exact if exact is not None else call.need
         cached = min(prompt, self._placement.expected_cached(call, acquired))
-        estimate = meter.estimate(key, prompt, cached, pace.output_limit(call))
+        rates, route = self._limiter.rates, call.route.name
+        route_mean = rates.output(route) if rates.knows_output(route) else None
+        ctx = self._hosts.ctx(acquired.host, call.model)
+        left = None if ctx is None else ctx - prompt
+        estimate = meter.estimate(key, prompt, cached, pace.output_limit(call), route_mean, left)
         try:
             return meter.admit(key, estimate, self._clock.seconds(), prompt, cached)
         except OverLimit as e:

@@ -8,6 +8,13 @@ requests cannot overshoot a limit by more than what their estimates missed, and 
 whose estimate alone is larger than a whole limit runs only when nothing else of the key
 holds that limit (then it overshoots by at most itself).
 
+The estimate is the prompt (the guard's count or estimate) and the output the request is
+expected to write: its own limit (`max_tokens` and the like, up to OUTPUT_ESTIMATE_CAP), else
+the key's mean completion, else its route's mean, else DEFAULT_OUTPUT_ESTIMATE (1024) before
+either has answered, never more than what is left of the host's context. Never 0: a burst of
+a new key's first requests is held to what that default lets through (one of them, for a
+small key), and the key's own mean takes over as soon as one has settled.
+
 - **rpm, tpm**: token buckets holding a minute's worth, refilled continuously; a request takes
   1 from the rpm bucket and its estimate from the tpm bucket, and the settlement gives back or
   takes the difference (the bucket may go below zero: the next requests wait for it).
@@ -44,6 +51,10 @@ _LOG_EVERY = 60.0  # a key's refusals are logged once a minute at most
 _SYNC_RETRY = 2.0  # this instance's share of a budget is spent; the next sync may give more
 _MEAN_WEIGHT = 0.2  # of the newest completion in a key's running mean
 OUTPUT_ESTIMATE_CAP = 4096  # an output limit counts in an estimate up to this many tokens
+# What a request without an output limit is expected to write before its key or its route
+# has shown any: a guess that errs high, so a burst of a new key's first requests cannot
+# overshoot its limits many times over (an estimate of 0 admits them all; LiteLLM #18730).
+DEFAULT_OUTPUT_ESTIMATE = 1024
 
 
 class Share(Protocol):
@@ -223,15 +234,30 @@ class KeyMeter:
 
     # -- admission
 
-    def estimate(self, key: ClientKey, prompt: int, cached: int, output_limit: int | None) -> float:
-        """A request's expected cost: its prompt (`cached` of it expected cached), and its
-        output limit when it sets one (up to OUTPUT_ESTIMATE_CAP), else the key's mean
-        completion so far."""
-        state = self._state(key.name)
+    def estimate(
+        self,
+        key: ClientKey,
+        prompt: int,
+        cached: int,
+        output_limit: int | None,
+        route_mean: float | None = None,
+        context_left: int | None = None,
+    ) -> float:
+        """A request's expected cost: its prompt (`cached` of it expected cached) and the
+        output it is expected to write: its output limit when it sets one (up to
+        OUTPUT_ESTIMATE_CAP), else the key's mean completion so far, else its route's
+        (`route_mean`, None before any answer), else DEFAULT_OUTPUT_ESTIMATE; never more than
+        what is left of the host's context (`context_left`, when known: the host stops
+        there)."""
         if output_limit is not None and output_limit > 0:
             output = float(min(output_limit, OUTPUT_ESTIMATE_CAP))
         else:
-            output = state.completion_mean or 0.0
+            mean = self._state(key.name).completion_mean
+            if mean is None:
+                mean = route_mean
+            output = float(DEFAULT_OUTPUT_ESTIMATE) if mean is None else mean
+        if context_left is not None:
+            output = min(output, float(max(0, context_left)))
         return key.limits.cost(prompt, cached, 0) + output
 
     def admit(

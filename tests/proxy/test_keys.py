@@ -279,6 +279,61 @@ async def test_fifty_concurrent_requests_of_a_1000_tpm_key_admit_1000_tokens_and
 
 
 @pytest_twisted.ensureDeferred
+async def test_bursts_without_max_tokens_overshoot_a_budget_and_a_tpm_by_one_request_at_most():
+    # Each answer writes 180 tokens; no request says how many it wants (LiteLLM #18730).
+    fakes = await start_fakes("titan", tokens_per_second=4000, reply_tokens=180)
+    keys = {
+        "daily": {"secret": ALICE, "routes": ["team"], "tokens_per_day": 2000},
+        "minute": {"secret": BOB, "routes": ["team"], "tpm": 1000},
+    }
+    crossbar = await start_crossbar(fakes, ROUTES, keys=keys, parallel=64)
+    try:
+        client = crossbar.client()
+
+        async def one(n: int, key: str, route: str = "team") -> tuple[int, dict]:
+            task = f"Task {n:02d}: rename the module and update every import that refers to it."
+            body = {"model": MODEL, "messages": [{"role": "user", "content": task}]}
+            response = await client.post(
+                crossbar.url(route, "/v1/chat/completions"),
+                data=json.dumps(body).encode(),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
+            return response.code, json.loads(await response.content())
+
+        async def burst(key: str, n: int) -> list[dict]:
+            """`n` requests of `key` at once: the usage of those served."""
+            results = await wait(DeferredList([ensureDeferred(one(i, key)) for i in range(n)]), 60)
+            answers = [r for ok, r in results if ok]
+            assert len(answers) == n and all(code in (200, 429) for code, _ in answers)
+            return [body["usage"] for code, body in answers if code == 200]
+
+        def cost(usages: list[dict]) -> float:
+            """What the keys are charged: a cached prompt token at the default weight, 0.1."""
+            cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+            spent = sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+            return spent - 0.9 * sum(cached)
+
+        # The guard learns the model's tokens per character from answered prompts like these
+        # (on a route without keys, whose mean output is its own): the prompt each request is
+        # estimated at is then close, and what is left to guess is its output.
+        for n in range(3):
+            assert (await one(90 + n, "none", "open"))[0] == 200
+
+        served = []
+        for n in (60, 80, 100):  # the budget's key: a day's bursts, the first on a new key
+            served += await burst(ALICE, n)
+        one_request = max(u["prompt_tokens"] for u in served) + 180
+        assert 2000 - one_request <= cost(served) <= 2000 + one_request, cost(served)
+
+        started = reactor.seconds()
+        spent = cost(await burst(BOB, 100))  # the tpm's key: the first minute of a new key
+        refill = 1000 * (reactor.seconds() - started) / 60  # the bucket refills meanwhile
+        assert spent <= 1000 + one_request + refill, spent
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_stream_cut_short_settles_what_was_delivered():
     fakes = await start_fakes("titan", tokens_per_second=2000)
     keys = {"ci": {"secret": ALICE, "routes": ["team"], "tokens_per_day": 100000}}
