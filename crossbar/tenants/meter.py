@@ -24,8 +24,13 @@ small key), and the key's own mean takes over as soon as one has settled.
   had spent at the last sync (`pending` / `synced`, a timer of the service).
 
 Several instances: each takes its `Share` of the rates and of `max_in_flight` (as slots are
-shared), and of what remained of each budget at the last sync, so together they stay within
-the limits (a budget by at most one estimate per instance).
+shared, one at least), and of what remained of each budget at the last sync, so together they
+stay within the limits (a budget by at most one estimate per instance). A share is never too
+small to serve: where an instance's part of `rpm` is under one request (rpm below the live
+instances), a request runs when its bucket is full and the bucket refills at the share, so
+rpm 1 on two instances serves one request every two minutes on each: one a minute together
+over time, at most one a minute on each. A tpm share smaller than a request's estimate is
+served the same way.
 
 Cost: prompt tokens not cached + cached tokens x `cached_weight` + completion tokens.
 """
@@ -49,6 +54,7 @@ log = Logger(namespace="crossbar.keys")
 _MINUTE = 60.0
 _LOG_EVERY = 60.0  # a key's refusals are logged once a minute at most
 _SYNC_RETRY = 2.0  # this instance's share of a budget is spent; the next sync may give more
+_DUST = 1e-9  # float error: a bucket refilled to just what a request needs admits it
 _MEAN_WEIGHT = 0.2  # of the newest completion in a key's running mean
 OUTPUT_ESTIMATE_CAP = 4096  # an output limit counts in an estimate up to this many tokens
 # What a request without an output limit is expected to write before its key or its route
@@ -307,8 +313,12 @@ class KeyMeter:
         if limits.rpm is not None:
             cap = limits.rpm * fraction
             rpm = state.rpm.now(cap, now)
-            if rpm < 1:
-                wait = (1 - rpm) / (cap / _MINUTE)
+            # A share under one request a minute (rpm below the live instances) never holds
+            # one: a request then runs when the bucket is full, as a large one does on tpm,
+            # and the bucket refills at the share (rpm 1 on two: one each two minutes).
+            need = min(1.0, cap)
+            if rpm < need - _DUST:
+                wait = (need - rpm) / (cap / _MINUTE)
                 self._refuse(key, state, "rpm", wait, now, f"{limits.rpm} requests a minute")
         if limits.tpm is not None:
             cap = limits.tpm * fraction
@@ -316,7 +326,7 @@ class KeyMeter:
             # A request larger than the whole bucket runs when the bucket is full; every
             # request needs one token at least (its cost is known only when it ends).
             need = min(max(estimate, 1.0), cap)
-            if tpm < need:
+            if tpm < need - _DUST:
                 wait = (need - tpm) / (cap / _MINUTE)
                 self._refuse(key, state, "tpm", wait, now, f"{limits.tpm} tokens a minute")
         for kind, budget, spent, until in (

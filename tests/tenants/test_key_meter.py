@@ -271,3 +271,35 @@ def test_a_spent_limit_refuses_even_a_request_expected_to_cost_nothing():
     with pytest.raises(OverLimit) as e:
         meter.admit(k, 0.0, T0 + 3600)  # the minute refilled; the day's budget did not
     assert e.value.limit == "tokens_per_day"
+
+
+def test_an_rpm_below_the_number_of_instances_is_served_by_each_in_turn():
+    # rpm = 1 on two instances: each has half a request a minute, which never holds one.
+    # An instance whose share is under one request serves one when its bucket is full.
+    a, b, k = KeyMeter(Half()), KeyMeter(Half()), key(rpm=1)
+    a.admit(k, 1.0, T0).settle(1, 0, 0, T0)
+    with pytest.raises(OverLimit) as e:
+        a.admit(k, 1.0, T0 + 1)
+    assert e.value.limit == "rpm" and e.value.retry_after == pytest.approx(119)
+    b.admit(k, 1.0, T0 + 60)  # the other instance, a minute later
+    served = 2
+    for minute in range(2, 20):  # a client behind both asks every minute, alternating
+        meter = a if minute % 2 == 0 else b
+        meter.admit(k, 1.0, T0 + 60 * minute)
+        served += 1
+        with pytest.raises(OverLimit):  # and not one more that minute
+            (b if meter is a else a).admit(k, 1.0, T0 + 60 * minute + 1)
+    assert served == 20  # together one a minute
+
+
+def test_an_instance_serves_at_most_one_request_a_minute_of_a_fractional_rpm_share():
+    meter, k = KeyMeter(Half()), key(rpm=1)
+    times = [T0 + s for s in range(0, 600, 5)]  # a client stuck to one instance, every 5 s
+    served = []
+    for now in times:
+        try:
+            meter.admit(k, 1.0, now).settle(1, 0, 0, now)
+            served.append(now)
+        except OverLimit:
+            pass
+    assert [t - T0 for t in served] == [0, 120, 240, 360, 480]  # its half: one each 2 minutes
