@@ -3,7 +3,9 @@
 
 A request of a key with limits is admitted only if its estimated cost fits every limit; the
 estimate is then reserved (counted as spent), and settled to the true cost when the answer
-ends, whatever way it ends (a stream cut short settles what was delivered). So concurrent
+ends, whatever way it ends (a stream cut short settles what was delivered); an answer relayed
+whole is settled before its request finishes, so a request pipelined behind it on the same
+connection finds its place in `max_in_flight` given back. So concurrent
 requests cannot overshoot a limit by more than what their estimates missed, and a request
 whose estimate alone is larger than a whole limit runs only when nothing else of the key
 holds that limit (then it overshoots by at most itself).

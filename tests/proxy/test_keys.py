@@ -6,6 +6,7 @@ the caller's dialect; and a key's limits are charged before the request runs."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,9 @@ import openai
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
-from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
 from twisted.internet.threads import deferToThread
 
 from crossbar.config import hash_secret
@@ -369,5 +372,52 @@ async def test_a_stream_cut_short_settles_what_was_delivered():
         chars = OPENAI_CHAT.prompt_chars({"model": MODEL, "messages": HELLO})
         prompt = row.prompt_tokens or round(chars * crossbar.parts.guard.ratio(MODEL))
         assert used["tokens_today"] == pytest.approx(prompt + row.completion_tokens)
+    finally:
+        await crossbar.stop()
+
+
+class Pipelined(Protocol):
+    """Writes its requests in one write on connecting; collects what comes back until the
+    connection closes."""
+
+    def __init__(self, requests: list[bytes]) -> None:
+        self.requests = requests
+        self.data = b""
+        self.closed: Deferred[bytes] = Deferred()
+
+    def connectionMade(self) -> None:
+        self.transport.write(b"".join(self.requests))
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Any) -> None:
+        self.closed.callback(self.data)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pipelined_requests_of_a_one_at_a_time_key_are_each_served_after_the_last():
+    # max_in_flight = 1: a request pipelined behind another on its connection is read once
+    # that one is answered, and by then that one has given its place back.
+    fakes = await start_fakes("titan", tokens_per_second=2000)
+    keys = {"serial": {"secret": ALICE, "routes": ["team"], "max_in_flight": 1}}
+    crossbar = await start_crossbar(fakes, ROUTES, keys=keys)
+    try:
+        body = json.dumps({"model": MODEL, "max_tokens": 8, "messages": HELLO}).encode()
+
+        def post(last: bool) -> bytes:
+            head = (
+                "POST /r/team/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {ALICE}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if last else "")
+            )
+            return head.encode() + b"\r\n" + body
+
+        client = Pipelined([post(False), post(False), post(True)])
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", crossbar.port.getHost().port)
+        await connectProtocol(endpoint, client)
+        received = await wait(client.closed, 30)
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"200", b"200", b"200"]
+        assert crossbar.fakes["titan"].counters.requests["/v1/chat/completions"] == 3
     finally:
         await crossbar.stop()
