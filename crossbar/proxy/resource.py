@@ -54,6 +54,7 @@ from crossbar.wire import (
     Kind,
     Outgoing,
     Relay,
+    Tokens,
     Upstream,
     UpstreamFailure,
     bad_request,
@@ -309,11 +310,16 @@ class ProxyResource(Resource):
             with gate.in_flight(call.key):
                 await self._forward(request, call, ex, key, charged)
         finally:
-            tokens = ex.tokens  # what was delivered, however the answer ended
-            for reservation in charged:
-                now = self._clock.seconds()
-                reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
+            # What was delivered, however the answer ended (an answer relayed whole settled
+            # already, before its request finished: a no-op then).
+            self._settle(charged, ex.tokens)
         gate.answered(call.key, ex, call.inbound)
+
+    def _settle(self, charged: list[Reservation], tokens: Tokens) -> None:
+        """Charge the key what the answer really cost, in place of its estimate."""
+        now = self._clock.seconds()
+        for reservation in charged:
+            reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
 
     def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
         """Body, model, fingerprint and lease key of a request for a host."""
@@ -443,7 +449,7 @@ class ProxyResource(Resource):
                 release()
                 raise
             try:
-                await self._relay(request, call, ex, response, work)
+                await self._relay(request, call, ex, response, work, charged)
             finally:
                 release()
             if call.kind is Kind.INFERENCE:
@@ -499,12 +505,18 @@ class ProxyResource(Resource):
         """Reserve the call's expected cost against its key's limits, before it queues for a
         slot (a key over its limit never waits behind the fleet): 429 when it does not fit.
         The prompt is the guard's exact count, else its estimate; what the lease's previous
-        turn left on the host is expected cached."""
+        turn left on the host is expected cached. A call without an output limit is expected
+        to write its key's mean completion, else its route's, else the meter's default, within
+        what is left of the host's context."""
         assert self._tenants is not None
         meter = self._tenants.meter
         prompt = exact if exact is not None else call.need
         cached = min(prompt, self._placement.expected_cached(call, acquired))
-        estimate = meter.estimate(key, prompt, cached, pace.output_limit(call))
+        rates, route = self._limiter.rates, call.route.name
+        route_mean = rates.output(route) if rates.knows_output(route) else None
+        ctx = self._hosts.ctx(acquired.host, call.model)
+        left = None if ctx is None else ctx - prompt
+        estimate = meter.estimate(key, prompt, cached, pace.output_limit(call), route_mean, left)
         try:
             return meter.admit(key, estimate, self._clock.seconds(), prompt, cached)
         except OverLimit as e:
@@ -529,7 +541,13 @@ class ProxyResource(Resource):
         return await traced.guard(ex.trace, check, count, host, limit)
 
     async def _relay(
-        self, request: Any, call: Call, ex: Exchange, response: Any, work: Work | None = None
+        self,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        response: Any,
+        work: Work | None = None,
+        charged: list[Reservation] | None = None,
     ) -> None:
         host, fp, trace = ex.host, ex.fp, ex.trace
 
@@ -541,7 +559,11 @@ class ProxyResource(Resource):
         timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
         # A route that records contents keeps the answer's first bytes for its span.
         kind = KeepingRelay if trace is not None and call.route.record_content else Relay
-        relay = kind(request, self._clock, timeouts, call.dialect, host, remember)
+        # The key's charge is settled before the request finishes: finishing lets the
+        # channel read a request pipelined behind it, which must find this one's place in
+        # the key's max_in_flight given back (and its true cost in the minute and budgets).
+        settle = partial(self._settle, charged) if charged else None
+        relay = kind(request, self._clock, timeouts, call.dialect, host, remember, settle)
         if work is not None:
             work.streamed = relay.streamed  # the expected wait counts what has been written
         extra = [

@@ -3,10 +3,19 @@
 
 A request of a key with limits is admitted only if its estimated cost fits every limit; the
 estimate is then reserved (counted as spent), and settled to the true cost when the answer
-ends, whatever way it ends (a stream cut short settles what was delivered). So concurrent
+ends, whatever way it ends (a stream cut short settles what was delivered); an answer relayed
+whole is settled before its request finishes, so a request pipelined behind it on the same
+connection finds its place in `max_in_flight` given back. So concurrent
 requests cannot overshoot a limit by more than what their estimates missed, and a request
 whose estimate alone is larger than a whole limit runs only when nothing else of the key
 holds that limit (then it overshoots by at most itself).
+
+The estimate is the prompt (the guard's count or estimate) and the output the request is
+expected to write: its own limit (`max_tokens` and the like, up to OUTPUT_ESTIMATE_CAP), else
+the key's mean completion, else its route's mean, else DEFAULT_OUTPUT_ESTIMATE (1024) before
+either has answered, never more than what is left of the host's context. Never 0: a burst of
+a new key's first requests is held to what that default lets through (one of them, for a
+small key), and the key's own mean takes over as soon as one has settled.
 
 - **rpm, tpm**: token buckets holding a minute's worth, refilled continuously; a request takes
   1 from the rpm bucket and its estimate from the tpm bucket, and the settlement gives back or
@@ -17,8 +26,13 @@ holds that limit (then it overshoots by at most itself).
   had spent at the last sync (`pending` / `synced`, a timer of the service).
 
 Several instances: each takes its `Share` of the rates and of `max_in_flight` (as slots are
-shared), and of what remained of each budget at the last sync, so together they stay within
-the limits (a budget by at most one estimate per instance).
+shared, one at least), and of what remained of each budget at the last sync, so together they
+stay within the limits (a budget by at most one estimate per instance). A share is never too
+small to serve: where an instance's part of `rpm` is under one request (rpm below the live
+instances), a request runs when its bucket is full and the bucket refills at the share, so
+rpm 1 on two instances serves one request every two minutes on each: one a minute together
+over time, at most one a minute on each. A tpm share smaller than a request's estimate is
+served the same way.
 
 Cost: prompt tokens not cached + cached tokens x `cached_weight` + completion tokens.
 """
@@ -42,8 +56,13 @@ log = Logger(namespace="crossbar.keys")
 _MINUTE = 60.0
 _LOG_EVERY = 60.0  # a key's refusals are logged once a minute at most
 _SYNC_RETRY = 2.0  # this instance's share of a budget is spent; the next sync may give more
+_DUST = 1e-9  # float error: a bucket refilled to just what a request needs admits it
 _MEAN_WEIGHT = 0.2  # of the newest completion in a key's running mean
 OUTPUT_ESTIMATE_CAP = 4096  # an output limit counts in an estimate up to this many tokens
+# What a request without an output limit is expected to write before its key or its route
+# has shown any: a guess that errs high, so a burst of a new key's first requests cannot
+# overshoot its limits many times over (an estimate of 0 admits them all; LiteLLM #18730).
+DEFAULT_OUTPUT_ESTIMATE = 1024
 
 
 class Share(Protocol):
@@ -223,15 +242,30 @@ class KeyMeter:
 
     # -- admission
 
-    def estimate(self, key: ClientKey, prompt: int, cached: int, output_limit: int | None) -> float:
-        """A request's expected cost: its prompt (`cached` of it expected cached), and its
-        output limit when it sets one (up to OUTPUT_ESTIMATE_CAP), else the key's mean
-        completion so far."""
-        state = self._state(key.name)
+    def estimate(
+        self,
+        key: ClientKey,
+        prompt: int,
+        cached: int,
+        output_limit: int | None,
+        route_mean: float | None = None,
+        context_left: int | None = None,
+    ) -> float:
+        """A request's expected cost: its prompt (`cached` of it expected cached) and the
+        output it is expected to write: its output limit when it sets one (up to
+        OUTPUT_ESTIMATE_CAP), else the key's mean completion so far, else its route's
+        (`route_mean`, None before any answer), else DEFAULT_OUTPUT_ESTIMATE; never more than
+        what is left of the host's context (`context_left`, when known: the host stops
+        there)."""
         if output_limit is not None and output_limit > 0:
             output = float(min(output_limit, OUTPUT_ESTIMATE_CAP))
         else:
-            output = state.completion_mean or 0.0
+            mean = self._state(key.name).completion_mean
+            if mean is None:
+                mean = route_mean
+            output = float(DEFAULT_OUTPUT_ESTIMATE) if mean is None else mean
+        if context_left is not None:
+            output = min(output, float(max(0, context_left)))
         return key.limits.cost(prompt, cached, 0) + output
 
     def admit(
@@ -281,8 +315,12 @@ class KeyMeter:
         if limits.rpm is not None:
             cap = limits.rpm * fraction
             rpm = state.rpm.now(cap, now)
-            if rpm < 1:
-                wait = (1 - rpm) / (cap / _MINUTE)
+            # A share under one request a minute (rpm below the live instances) never holds
+            # one: a request then runs when the bucket is full, as a large one does on tpm,
+            # and the bucket refills at the share (rpm 1 on two: one each two minutes).
+            need = min(1.0, cap)
+            if rpm < need - _DUST:
+                wait = (need - rpm) / (cap / _MINUTE)
                 self._refuse(key, state, "rpm", wait, now, f"{limits.rpm} requests a minute")
         if limits.tpm is not None:
             cap = limits.tpm * fraction
@@ -290,7 +328,7 @@ class KeyMeter:
             # A request larger than the whole bucket runs when the bucket is full; every
             # request needs one token at least (its cost is known only when it ends).
             need = min(max(estimate, 1.0), cap)
-            if tpm < need:
+            if tpm < need - _DUST:
                 wait = (need - tpm) / (cap / _MINUTE)
                 self._refuse(key, state, "tpm", wait, now, f"{limits.tpm} tokens a minute")
         for kind, budget, spent, until in (

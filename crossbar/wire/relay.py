@@ -146,14 +146,18 @@ class Relay:
         dialect: Dialect,
         host: str,
         on_id: Callable[[str], None],
+        on_whole: Callable[[Tokens], None] | None = None,
     ) -> None:
-        """`timeouts`: (upstream_idle_timeout, client_write_timeout)."""
+        """`timeouts`: (upstream_idle_timeout, client_write_timeout); `on_whole` hears the
+        tokens of an answer relayed whole just before the request finishes (the client's
+        connection may deliver its next request as it does)."""
         self._request = request
         self._clock = clock
         self._idle_timeout, self._write_timeout = timeouts
         self._dialect = dialect
         self._host = host
         self._on_id = on_id
+        self._on_whole = on_whole
         self._meter: Meter | None = None
         self.status = 0
         self.stream = False
@@ -206,6 +210,8 @@ class Relay:
                 self.error = _why_cut(body)
         if body.complete():
             meter.finish()
+            if self._on_whole is not None:
+                self._on_whole(meter.tokens)
             request.finish()
             return
         if request.channel is None:

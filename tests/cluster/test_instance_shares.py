@@ -1,17 +1,21 @@
 """An instance's share of a host's slots counts what the others may be holding, and an
 instance that missed its own heartbeats takes none until its next one lands."""
 
+import pytest
 from attrs import define, field
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
-from crossbar.cluster import Instances
+from crossbar.cluster import Instances, KeyShare
 from crossbar.cluster.instances import decode_slots, encode_slots
+from crossbar.config import KeyLimits, hash_secret
 from crossbar.config.values import parse_config
 from crossbar.store import InstanceRow, StoreError
+from crossbar.tenants import ClientKey, KeyMeter, OverLimit
 from tests.support.lease_fakes import run_now
 
 PAIR = ("a", "m")
+T0 = 1_780_000_000.0  # a key's clock: inside a UTC day
 CONFIG = parse_config(
     {
         "server": {"health_interval": "1s"},
@@ -133,3 +137,22 @@ def run_now_later(coro):
     done = []
     ensureDeferred(coro).addBoth(done.append)
     return done
+
+
+def test_a_key_with_fewer_requests_a_minute_than_instances_is_still_served():
+    # rpm = 1 over two live instances: each one's share is half a request a minute. It
+    # serves one when its share is full (one each two minutes), so the key is never
+    # refused for ever, and a client behind both is served once a minute.
+    clock = Clock()
+    rows = Rows(clock)
+    rows.other("y", beat_at=0.0)
+    x = make(rows)
+    run_now(x.beat())
+    assert x.live == ["x", "y"]
+    meter = KeyMeter(KeyShare(x))
+    key = ClientKey("ci", hash_secret("s" * 20), routes=("*",), limits=KeyLimits(rpm=1, tpm=1))
+    meter.admit(key, 5.0, T0).settle(1, 0, 0, T0)  # tpm 1: a half-token share, also served
+    with pytest.raises(OverLimit) as e:
+        meter.admit(key, 5.0, T0 + 60)
+    assert e.value.limit == "rpm" and e.value.retry_after == pytest.approx(60)
+    meter.admit(key, 5.0, T0 + 120)

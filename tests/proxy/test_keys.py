@@ -6,6 +6,7 @@ the caller's dialect; and a key's limits are charged before the request runs."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +15,9 @@ import openai
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
-from twisted.internet.defer import DeferredList, ensureDeferred
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
 from twisted.internet.threads import deferToThread
 
 from crossbar.config import hash_secret
@@ -279,6 +282,61 @@ async def test_fifty_concurrent_requests_of_a_1000_tpm_key_admit_1000_tokens_and
 
 
 @pytest_twisted.ensureDeferred
+async def test_bursts_without_max_tokens_overshoot_a_budget_and_a_tpm_by_one_request_at_most():
+    # Each answer writes 180 tokens; no request says how many it wants (LiteLLM #18730).
+    fakes = await start_fakes("titan", tokens_per_second=4000, reply_tokens=180)
+    keys = {
+        "daily": {"secret": ALICE, "routes": ["team"], "tokens_per_day": 2000},
+        "minute": {"secret": BOB, "routes": ["team"], "tpm": 1000},
+    }
+    crossbar = await start_crossbar(fakes, ROUTES, keys=keys, parallel=64)
+    try:
+        client = crossbar.client()
+
+        async def one(n: int, key: str, route: str = "team") -> tuple[int, dict]:
+            task = f"Task {n:02d}: rename the module and update every import that refers to it."
+            body = {"model": MODEL, "messages": [{"role": "user", "content": task}]}
+            response = await client.post(
+                crossbar.url(route, "/v1/chat/completions"),
+                data=json.dumps(body).encode(),
+                headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            )
+            return response.code, json.loads(await response.content())
+
+        async def burst(key: str, n: int) -> list[dict]:
+            """`n` requests of `key` at once: the usage of those served."""
+            results = await wait(DeferredList([ensureDeferred(one(i, key)) for i in range(n)]), 60)
+            answers = [r for ok, r in results if ok]
+            assert len(answers) == n and all(code in (200, 429) for code, _ in answers)
+            return [body["usage"] for code, body in answers if code == 200]
+
+        def cost(usages: list[dict]) -> float:
+            """What the keys are charged: a cached prompt token at the default weight, 0.1."""
+            cached = [u["prompt_tokens_details"]["cached_tokens"] for u in usages]
+            spent = sum(u["prompt_tokens"] + u["completion_tokens"] for u in usages)
+            return spent - 0.9 * sum(cached)
+
+        # The guard learns the model's tokens per character from answered prompts like these
+        # (on a route without keys, whose mean output is its own): the prompt each request is
+        # estimated at is then close, and what is left to guess is its output.
+        for n in range(3):
+            assert (await one(90 + n, "none", "open"))[0] == 200
+
+        served = []
+        for n in (60, 80, 100):  # the budget's key: a day's bursts, the first on a new key
+            served += await burst(ALICE, n)
+        one_request = max(u["prompt_tokens"] for u in served) + 180
+        assert 2000 - one_request <= cost(served) <= 2000 + one_request, cost(served)
+
+        started = reactor.seconds()
+        spent = cost(await burst(BOB, 100))  # the tpm's key: the first minute of a new key
+        refill = 1000 * (reactor.seconds() - started) / 60  # the bucket refills meanwhile
+        assert spent <= 1000 + one_request + refill, spent
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
 async def test_a_stream_cut_short_settles_what_was_delivered():
     fakes = await start_fakes("titan", tokens_per_second=2000)
     keys = {"ci": {"secret": ALICE, "routes": ["team"], "tokens_per_day": 100000}}
@@ -314,5 +372,52 @@ async def test_a_stream_cut_short_settles_what_was_delivered():
         chars = OPENAI_CHAT.prompt_chars({"model": MODEL, "messages": HELLO})
         prompt = row.prompt_tokens or round(chars * crossbar.parts.guard.ratio(MODEL))
         assert used["tokens_today"] == pytest.approx(prompt + row.completion_tokens)
+    finally:
+        await crossbar.stop()
+
+
+class Pipelined(Protocol):
+    """Writes its requests in one write on connecting; collects what comes back until the
+    connection closes."""
+
+    def __init__(self, requests: list[bytes]) -> None:
+        self.requests = requests
+        self.data = b""
+        self.closed: Deferred[bytes] = Deferred()
+
+    def connectionMade(self) -> None:
+        self.transport.write(b"".join(self.requests))
+
+    def dataReceived(self, data: bytes) -> None:
+        self.data += data
+
+    def connectionLost(self, reason: Any) -> None:
+        self.closed.callback(self.data)
+
+
+@pytest_twisted.ensureDeferred
+async def test_pipelined_requests_of_a_one_at_a_time_key_are_each_served_after_the_last():
+    # max_in_flight = 1: a request pipelined behind another on its connection is read once
+    # that one is answered, and by then that one has given its place back.
+    fakes = await start_fakes("titan", tokens_per_second=2000)
+    keys = {"serial": {"secret": ALICE, "routes": ["team"], "max_in_flight": 1}}
+    crossbar = await start_crossbar(fakes, ROUTES, keys=keys)
+    try:
+        body = json.dumps({"model": MODEL, "max_tokens": 8, "messages": HELLO}).encode()
+
+        def post(last: bool) -> bytes:
+            head = (
+                "POST /r/team/v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                f"Authorization: Bearer {ALICE}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\n" + ("Connection: close\r\n" if last else "")
+            )
+            return head.encode() + b"\r\n" + body
+
+        client = Pipelined([post(False), post(False), post(True)])
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", crossbar.port.getHost().port)
+        await connectProtocol(endpoint, client)
+        received = await wait(client.closed, 30)
+        assert re.findall(rb"HTTP/1\.1 (\d{3}) ", received) == [b"200", b"200", b"200"]
+        assert crossbar.fakes["titan"].counters.requests["/v1/chat/completions"] == 3
     finally:
         await crossbar.stop()

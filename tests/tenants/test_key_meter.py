@@ -7,6 +7,7 @@ import pytest
 
 from crossbar.config import KeyLimits, hash_secret
 from crossbar.tenants import ClientKey, KeyMeter, OverLimit, period_ids
+from crossbar.tenants.meter import DEFAULT_OUTPUT_ESTIMATE
 
 T0 = 1_780_000_000.0  # a Tuesday in 2026, well inside a UTC day
 
@@ -147,9 +148,71 @@ def test_the_estimate_takes_the_output_limit_capped_else_the_mean_completion():
     meter, k = KeyMeter(), key(tpm=10_000, cached_weight=0.5)
     assert meter.estimate(k, prompt=100, cached=40, output_limit=200) == pytest.approx(280)
     assert meter.estimate(k, prompt=0, cached=0, output_limit=32000) == 4096
-    assert meter.estimate(k, prompt=10, cached=0, output_limit=None) == 10
     meter.admit(k, 10.0, T0).settle(10, 0, 50, T0)
     assert meter.estimate(k, prompt=10, cached=0, output_limit=None) == 60
+
+
+def test_without_max_tokens_a_request_is_expected_to_write_its_keys_mean_else_its_routes():
+    meter, k = KeyMeter(), key(tpm=10_000)
+    # Nothing known yet: the stated default, never 0 (LiteLLM #18730's conditions).
+    assert meter.estimate(k, 10, 0, None) == 10 + DEFAULT_OUTPUT_ESTIMATE
+    # The route's answers have taught a mean; the key's have not yet.
+    assert meter.estimate(k, 10, 0, None, route_mean=300.0) == 310
+    meter.admit(k, 10.0, T0).settle(10, 0, 50, T0)
+    assert meter.estimate(k, 10, 0, None, route_mean=300.0) == 60  # the key's own, once known
+    # The host stops at the end of its context: no estimate expects more.
+    fresh = key(tpm=10_000)
+    fresh = ClientKey("new", fresh.sha256, routes=("*",), limits=fresh.limits)
+    assert meter.estimate(fresh, 100, 0, None, context_left=412) == 512
+    assert meter.estimate(fresh, 100, 0, 2000, context_left=412) == 512
+
+
+def burst(meter: KeyMeter, k: ClientKey, n: int, prompt: int, completion: int, now: float) -> int:
+    """`n` requests of `k` without max_tokens arrive together, each estimated as crossbar
+    estimates it; those admitted then each spend `prompt + completion` tokens. Returns the
+    tokens spent."""
+    admitted = []
+    for _ in range(n):
+        try:
+            estimate = meter.estimate(k, prompt, 0, None)
+            admitted.append(meter.admit(k, estimate, now, prompt))
+        except OverLimit:
+            pass
+    for reservation in admitted:
+        reservation.settle(prompt, 0, completion, now)
+    return len(admitted) * (prompt + completion)
+
+
+def test_a_daily_budget_hit_by_bursts_without_max_tokens_is_overshot_by_one_request_at_most():
+    meter, k = KeyMeter(), key(tokens_per_day=2000)
+    spent = 0
+    for wave in range(5):  # a hundred at once, again and again, each really spending 200
+        spent += burst(meter, k, 100, 20, 180, T0 + wave)
+    assert 2000 - 200 <= spent <= 2000 + 200, spent
+    assert meter.status(k, T0 + 5)["tokens_today"] == spent
+    with pytest.raises(OverLimit) as e:
+        meter.admit(k, meter.estimate(k, 20, 0, None), T0 + 5)
+    assert e.value.limit == "tokens_per_day"
+
+
+def test_a_tpm_limit_hit_by_a_burst_without_max_tokens_is_overshot_by_one_request_at_most():
+    meter, k = KeyMeter(), key(tpm=1000)
+    spent = burst(meter, k, 100, 20, 180, T0)  # the first ever: nothing is known of the key
+    assert spent <= 1000 + 200, spent
+    # The key's answers have taught its mean: the next minute's burst fills it, no more.
+    spent = burst(meter, k, 100, 20, 180, T0 + 60)
+    assert 1000 - 200 <= spent <= 1000 + 200, spent
+
+
+def test_a_small_key_is_served_even_when_the_default_estimate_exceeds_its_whole_limit():
+    meter, k = KeyMeter(), key(tpm=300, tokens_per_day=500)
+    first = meter.admit(k, meter.estimate(k, 20, 0, None), T0)  # 1044 expected: it runs alone
+    with pytest.raises(OverLimit):
+        meter.admit(k, meter.estimate(k, 20, 0, None), T0)
+    first.settle(20, 0, 30, T0 + 1)
+    # Its truth is known now: 50 a request, and the minute refills for the next.
+    assert meter.estimate(k, 20, 0, None) == 50
+    meter.admit(k, meter.estimate(k, 20, 0, None), T0 + 60)
 
 
 class Half:
@@ -208,3 +271,35 @@ def test_a_spent_limit_refuses_even_a_request_expected_to_cost_nothing():
     with pytest.raises(OverLimit) as e:
         meter.admit(k, 0.0, T0 + 3600)  # the minute refilled; the day's budget did not
     assert e.value.limit == "tokens_per_day"
+
+
+def test_an_rpm_below_the_number_of_instances_is_served_by_each_in_turn():
+    # rpm = 1 on two instances: each has half a request a minute, which never holds one.
+    # An instance whose share is under one request serves one when its bucket is full.
+    a, b, k = KeyMeter(Half()), KeyMeter(Half()), key(rpm=1)
+    a.admit(k, 1.0, T0).settle(1, 0, 0, T0)
+    with pytest.raises(OverLimit) as e:
+        a.admit(k, 1.0, T0 + 1)
+    assert e.value.limit == "rpm" and e.value.retry_after == pytest.approx(119)
+    b.admit(k, 1.0, T0 + 60)  # the other instance, a minute later
+    served = 2
+    for minute in range(2, 20):  # a client behind both asks every minute, alternating
+        meter = a if minute % 2 == 0 else b
+        meter.admit(k, 1.0, T0 + 60 * minute)
+        served += 1
+        with pytest.raises(OverLimit):  # and not one more that minute
+            (b if meter is a else a).admit(k, 1.0, T0 + 60 * minute + 1)
+    assert served == 20  # together one a minute
+
+
+def test_an_instance_serves_at_most_one_request_a_minute_of_a_fractional_rpm_share():
+    meter, k = KeyMeter(Half()), key(rpm=1)
+    times = [T0 + s for s in range(0, 600, 5)]  # a client stuck to one instance, every 5 s
+    served = []
+    for now in times:
+        try:
+            meter.admit(k, 1.0, now).settle(1, 0, 0, now)
+            served.append(now)
+        except OverLimit:
+            pass
+    assert [t - T0 for t in served] == [0, 120, 240, 360, 480]  # its half: one each 2 minutes
