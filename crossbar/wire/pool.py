@@ -17,8 +17,9 @@ that closes its connection after every streamed (chunked) answer, as llama-serve
 it says `Keep-Alive`, is learned the first time one closes in its probation: from then on a
 connection is not kept after a chunked answer of that host, and a spare is opened as such an
 answer begins, so the request that takes its slot next finds one ready. A host that closes
-idle connections after some seconds (cpp-httplib's keep-alive timeout) is learned too, and a
-connection idle for most of that time is closed rather than raced. One idle for `keep_idle`
+idle connections after some seconds is learned too, from its `Keep-Alive: timeout=` (which
+llama-server's cpp-httplib sends: 5 s) or from a close seen, and a connection idle for most of
+that time is closed rather than raced. One idle for `keep_idle`
 seconds closes.
 """
 
@@ -158,6 +159,8 @@ class HostConnection(Protocol):
             keep = False  # the host closes it now: a request on it would be lost
         if self._early or unsent(self.transport):
             keep = False  # the rest of the request would reach the host before the next
+        if keep and origin is not None and not origin.idle_close and reading.response is not None:
+            origin.idle_close = _keep_alive_timeout(reading.response.connection_headers)
         if keep and self.pool is not None:
             self.pool.release(self)
         else:
@@ -399,6 +402,20 @@ class HostPool:
             idle, origin.idle = origin.idle, []
             for connection in idle:
                 connection.abort()
+
+
+def _keep_alive_timeout(headers: Any) -> float:
+    """The idle time after which a host says it closes a kept connection (`Keep-Alive:
+    timeout=5`, as llama-server's cpp-httplib sends), or 0.0 when it does not say."""
+    for value in headers.getRawHeaders(b"keep-alive") or ():
+        for part in value.split(b","):
+            name, _, seconds = part.partition(b"=")
+            if name.strip().lower() == b"timeout":
+                try:
+                    return max(0.0, float(seconds.strip()))
+                except ValueError:
+                    return 0.0
+    return 0.0
 
 
 def request_head(

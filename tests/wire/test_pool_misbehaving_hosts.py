@@ -185,3 +185,19 @@ async def test_a_connection_whose_upload_the_host_left_unread_is_never_reused():
     finally:
         await upstream.close()
         await port.stopListening()
+
+
+def test_a_host_that_says_how_long_it_keeps_idle_connections_is_taken_at_its_word():
+    clock = Clock()
+    pool, connection = pooled(clock)
+    origin = connection.origin
+    answered_once(
+        connection,
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nKeep-Alive: timeout=5, max=100\r\n\r\n{}",
+    )
+    assert origin.idle_close == 5.0  # llama-server's cpp-httplib says so on every answer
+    clock.advance(3.0)
+    assert pool.take(origin) is connection
+    answered_once(connection, answer_bytes(b"{}"))
+    clock.advance(3.75)
+    assert pool.take(origin) is None and connection.lost
