@@ -90,6 +90,7 @@ class ProxyChannel(Protocol):
         self._refused = False
         self._replaying = False
         self._timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
+        self._body_mark = 0.0  # when the body's last bytes (or its head) came
         self._deadline: IDelayedCall | None = None  # the whole body's
         self._idle: IDelayedCall | None = None
         self._last = 0.0  # when the last request ended (the idle timer's mark)
@@ -139,6 +140,10 @@ class ProxyChannel(Protocol):
                 data = self._body(data)
             else:
                 data = self._head_bytes(data)
+        if self._phase == "body" and not self._refused:
+            # More of a body is due: its timers run from the end of its head, so a body that
+            # never starts is closed like one that stops.
+            self._body_pending()
 
     def _read_ahead(self, data: bytes) -> None:
         self._ahead.append(data)
@@ -255,7 +260,7 @@ class ProxyChannel(Protocol):
         if chunked:
             self._phase = "body"
             self._chunks = StrictChunks(
-                request.handleContentChunk,
+                self._chunk_data,
                 self._chunked_end,
                 getattr(request, "chunk_declared", None) or (lambda n: True),
                 lambda why: self._refuse(400, why),
@@ -288,26 +293,44 @@ class ProxyChannel(Protocol):
                 if not self._refused:
                     self._received()
                 return rest
-        if self._phase == "body" and not self._refused:
-            self._body_pending()
         return rest
+
+    def _chunk_data(self, piece: bytes) -> bool:
+        """A piece of chunk data for the request; False when that refused it (stop reading)."""
+        self.requests[-1].handleContentChunk(piece)
+        return not self._refused
 
     def _chunked_end(self, rest: bytes) -> None:
         self._chunks = None
         self._rest = rest
-        self._received()
+        if not self._refused:
+            self._received()
 
     def _body_pending(self) -> None:
-        """Bytes of a body came and more are due: the pause and whole-body deadlines run."""
-        self._arm(self.site.body_timeout, "the request's body stopped arriving")
+        """More of a body is due (its head is in, or some of its bytes): the pause timer runs
+        from now, and the whole body's deadline from the first time this is said."""
+        site = self.site
+        self._body_mark = site.reactor.seconds()
+        if self._timer is None:
+            # One timer for the body's pauses, moved on lazily when it fires (none is made or
+            # cancelled per read: a body of many small reads costs no timer each).
+            self._timer = self._later(site.body_timeout, self._body_paused)
         if self._deadline is None:
             self._deadline = self._later(
-                self.site.body_deadline,
+                site.body_deadline,
                 self._refuse,
                 408,
                 "the request's body did not all arrive within "
-                f"{format_duration(self.site.body_deadline)} of its first byte",
+                f"{format_duration(site.body_deadline)} of its headers",
             )
+
+    def _body_paused(self) -> None:
+        self._timer = None
+        left = self._body_mark + self.site.body_timeout - self.site.reactor.seconds()
+        if left > 0:
+            self._timer = self._later(left, self._body_paused)
+            return
+        self._refuse(408, "the request's body stopped arriving")
 
     def _received(self) -> None:
         """The request is all in: it is handled, and bytes after it wait their turn."""
