@@ -44,6 +44,9 @@ MAX_LINE = 16384  # a request line or one header line
 MAX_HEADER_BYTES = 16384  # all header lines after the request line
 MAX_HEADERS = 500
 _EAGER = 16384  # bytes read ahead while a request is handled, before reading pauses
+# Requests one connection may start in one turn of the reactor: a pipeline of requests answered
+# at once (a 404, a models list) is answered this many at a time, other connections in between.
+TURN_REQUESTS = 16
 _CRLF = b"\r\n"
 _END = b"\r\n\r\n"
 
@@ -88,7 +91,9 @@ class ProxyChannel(Protocol):
         self._version = b""
         self._persistent = True
         self._refused = False
-        self._replaying = False
+        self._taking = False  # _take runs: a request answered within it ends inside it
+        self._turn_left = TURN_REQUESTS  # requests this connection may still start this turn
+        self._next_turn: IDelayedCall | None = None  # its pipeline goes on in the next turn
         self._timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
         self._body_mark = 0.0  # when the body's last bytes (or its head) came
         self._deadline: IDelayedCall | None = None  # the whole body's
@@ -114,6 +119,9 @@ class ProxyChannel(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
+        if self._next_turn is not None and self._next_turn.active():
+            self._next_turn.cancel()
+        self._next_turn = None
         if self._idle is not None and self._idle.active():
             self._idle.cancel()
         self._idle = None
@@ -124,13 +132,22 @@ class ProxyChannel(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._phase == "handling":
+        if self._phase == "handling" or self._next_turn is not None:
             self._read_ahead(data)
             return
+        self._turn_left = TURN_REQUESTS
         self._take(data)
 
     def _take(self, data: bytes) -> None:
-        """Read `data` into heads and bodies until it is used up or a request is handled."""
+        """Read `data` into heads and bodies until it is used up, a request is handled, or
+        this connection has started its share of requests for this turn of the reactor."""
+        self._taking = True
+        try:
+            self._take_turn(data)
+        finally:
+            self._taking = False
+
+    def _take_turn(self, data: bytes) -> None:
         while data and not self._refused:
             phase = self._phase
             if phase == "handling":
@@ -138,6 +155,14 @@ class ProxyChannel(Protocol):
                 return
             if phase == "body":
                 data = self._body(data)
+            elif phase == "idle" and (self._turn_left <= 0 or self._waiting_for_transport):
+                # This connection had its share of the turn: the rest of its pipeline waits
+                # for the next one, so other connections are read and answered in between.
+                # While its answers wait to be read, it waits for them (resumeProducing).
+                self._read_ahead(data)
+                if not self._waiting_for_transport:
+                    self._next_turn = self._later(0, self._turn)
+                return
             else:
                 data = self._head_bytes(data)
         if self._phase == "body" and not self._refused:
@@ -245,6 +270,7 @@ class ProxyChannel(Protocol):
 
     def _start(self, headers: list[tuple[bytes, bytes]], length: int, chunked: bool) -> None:
         """A head is in: make its request and begin its body."""
+        self._turn_left -= 1
         request = self.requestFactory(self)
         request.headers_received(headers)
         self.requests.append(request)
@@ -351,21 +377,33 @@ class ProxyChannel(Protocol):
             return
         self._phase = "idle"
         self._mark_idle()
-        if self._paused and not self._waiting_for_transport:
+        if self._taking or self._next_turn is not None or self._waiting_for_transport:
+            return  # the loop that answered it, the next turn, or resumeProducing reads on
+        self._turn_left = TURN_REQUESTS  # answered later than it came: a turn of its own
+        self._read_pipelined()
+
+    def _turn(self) -> None:
+        """This connection's next turn: read on into its pipeline."""
+        self._next_turn = None
+        self._turn_left = TURN_REQUESTS
+        if self._phase == "idle" and not self._refused and self.transport is not None:
+            self._read_pipelined()
+
+    def _read_pipelined(self) -> None:
+        """Read the bytes that came while a request was handled; reading resumes once fewer
+        than `_EAGER` of them wait."""
+        if self._ahead:
+            data = b"".join(self._ahead)
+            self._ahead, self._ahead_size = [], 0
+            self._take(data)
+        if (
+            self._paused
+            and self._ahead_size <= _EAGER
+            and not self._waiting_for_transport
+            and not self._refused
+        ):
             self._paused = False
             self.transport.resumeProducing()  # type: ignore[union-attr]
-        if not self._ahead or self._replaying:
-            return
-        # Pipelined bytes are read now; a request among them answered at once ends here
-        # again, and the loop goes on instead of recursing.
-        self._replaying = True
-        try:
-            while self._ahead and self._phase != "handling" and not self._refused:
-                data = b"".join(self._ahead)
-                self._ahead, self._ahead_size = [], 0
-                self._take(data)
-        finally:
-            self._replaying = False
 
     def writeHeaders(
         self, version: bytes, code: bytes, reason: bytes, headers: Any, then: Sequence[bytes] = ()
@@ -433,6 +471,10 @@ class ProxyChannel(Protocol):
         if self._phase != "handling" and self._paused:
             self._paused = False
             self.transport.resumeProducing()  # type: ignore[union-attr]
+        if self._phase == "idle" and self._ahead and self._next_turn is None:
+            # Pipelined requests waited for their answers to be read: on with them, in a turn
+            # of their own (not inside the transport's call).
+            self._next_turn = self._later(0, self._turn)
 
     def stopProducing(self) -> None:
         if self._request_producer is not None:

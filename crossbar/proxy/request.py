@@ -208,6 +208,7 @@ class ProxyRequest(HoldsBody):
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
+        self._client = channel.getPeer()  # kept: asked for after the answer too (its log)
         self.requestHeaders = RawHeaders()
         self.responseHeaders = RawHeaders()
         self._body = HeldBody()
@@ -262,7 +263,7 @@ class ProxyRequest(HoldsBody):
         return values[-1] if values else None
 
     def getClientAddress(self) -> Any:
-        return self.channel.getPeer() if self.channel is not None else None
+        return self._client
 
     def isSecure(self) -> bool:
         return self.channel is not None and self.channel.isSecure()

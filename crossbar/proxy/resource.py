@@ -270,7 +270,7 @@ class ProxyResource(Resource):
                 self._usage.finish(ex)
             elif ex.status:  # refused before its route was known; a preflight has no status
                 ex.route = UNKNOWN_ROUTE
-                self._usage.refused(ex)
+                self._usage.refused(ex, getattr(request.getClientAddress(), "host", "") or "")
 
     async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
         header = header_reader(request.requestHeaders)

@@ -45,6 +45,7 @@ class Refusal:
     path: str = ""
     shape: ErrorShape = ErrorShape.OPENAI
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    peer: str = ""  # the client's address
 
 
 @frozen
@@ -146,8 +147,9 @@ class ProxySite(BoundedSite):
         self._config = config
         self.max_body = config.server.max_body
 
-    # Told of each request refused before routing: (route or "", path, status, why).
-    on_refused: Callable[[str, str, int, str], None] | None = None
+    # Told of each request refused before routing: (route or "", path, status, why, the
+    # client's address).
+    on_refused: Callable[[str, str, int, str, str], None] | None = None
 
     def refusal(self, channel: Any, request: Any = None) -> Refusal:
         """Its route from its request line (or its X-Crossbar-Route header when the headers
@@ -162,18 +164,19 @@ class ProxySite(BoundedSite):
             name, path = "", raw
         route = self._config.route(name) if name else None
         shape = classify("POST", path)[0].errors
+        peer = getattr(channel.getPeer(), "host", "") or ""
         if route is None or header is None:
-            return Refusal("" if route is None else name, path, shape)
+            return Refusal("" if route is None else name, path, shape, peer=peer)
         answer = RawHeaders()
         cors.mark(_Answer(answer), route, header)
         headers = tuple(answer.pairs())
-        return Refusal(name, path, shape, headers)
+        return Refusal(name, path, shape, headers, peer)
 
     def refused(self, refusal: Refusal, status: int, why: str) -> None:
         """Log and count it like any request (the usage observers), by the route its path
         names when the config has that route."""
         if self.on_refused is not None:
-            self.on_refused(refusal.route, refusal.path, status, why)
+            self.on_refused(refusal.route, refusal.path, status, why, refusal.peer)
 
     def log(self, request: Any) -> None:
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the

@@ -4,8 +4,11 @@ while a client pipelines more than it reads, and an idle connection closed (in m
 Clock)."""
 
 import pytest
+from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
+from twisted.logger import globalLogPublisher
 
+from crossbar.proxy.channel import TURN_REQUESTS
 from crossbar.wire.dialects import ErrorShape
 from tests.support.memnet import MODEL, chat, start
 
@@ -120,3 +123,86 @@ def test_a_body_refused_at_its_length_is_answered_in_its_paths_dialect(path, sha
         assert b'"type": "request_too_large"' in client.received
     else:
         assert b'"code": 413' in client.received
+
+
+NOPE = b"GET /r/nope/x HTTP/1.1\r\nHost: x\r\n\r\n"  # 404, answered by crossbar itself
+
+
+def connected(crossbar, peer: str = "10.0.0.7"):
+    channel = crossbar.sites.proxy.buildProtocol(None)
+    transport = StringTransport(peerAddress=IPv4Address("TCP", peer, 40000))
+    channel.makeConnection(transport)
+    return channel, transport
+
+
+def one_turn(clock) -> None:
+    """Run what is due now and was due before this turn, as one pass of the reactor does
+    (Clock.advance would also run what those calls schedule for now)."""
+    due = [call for call in clock.getDelayedCalls() if call.getTime() <= clock.seconds()]
+    for call in due:
+        clock.calls.remove(call)
+        call.called = 1
+        call.func(*call.args, **call.kw)
+
+
+def test_a_pipeline_answered_by_crossbar_itself_takes_turns_with_other_connections():
+    """A connection pipelining requests crossbar answers at once gets TURN_REQUESTS of them
+    answered per turn of the reactor; another connection's request is answered in between,
+    and the pipeline is read no further while its backlog waits."""
+    crossbar = start(ROUTES, hosts=("titan",))
+    flood, flooded = connected(crossbar)
+    other, answered = connected(crossbar)
+    flood.dataReceived(NOPE * 1000)
+    assert flooded.value().count(b"HTTP/1.1 404 ") == TURN_REQUESTS
+    assert flooded.producerState == "paused"
+    other.dataReceived(MODELS)
+    assert answered.value().startswith(b"HTTP/1.1 200 OK")
+    turns = 1
+    while flooded.value().count(b"HTTP/1.1 404 ") < 1000:
+        one_turn(crossbar.net.clock)
+        turns += 1
+        assert flooded.value().count(b"HTTP/1.1 404 ") <= turns * TURN_REQUESTS
+    assert turns == -(-1000 // TURN_REQUESTS)
+    assert flooded.producerState == "producing" and not flooded.disconnecting
+
+
+def test_a_pipeline_behind_a_forwarded_request_also_takes_turns():
+    crossbar = start(ROUTES, hosts=("titan",))
+    flood, flooded = connected(crossbar)
+    flood.dataReceived(post(chat()) + NOPE * 100)  # the first waits for its host
+    crossbar.net.flush()
+    (host,) = crossbar.net.connections["titan"]
+    host.answer()
+    crossbar.net.pumps[0].flush(advanceClock=False)  # the answer, and no turn after it
+    assert flooded.value().count(b"HTTP/1.1 404 ") == TURN_REQUESTS
+    crossbar.net.flush()
+    assert flooded.value().count(b"HTTP/1.1 404 ") == 100
+
+
+def test_refusals_before_routing_log_a_few_lines_per_client_then_one_line_for_the_rest():
+    crossbar = start(ROUTES, hosts=("titan",))
+    usage = crossbar.parts.usage
+    lines, said = [], []
+    usage.log_line = lines.append
+
+    def hear(event):
+        if event.get("log_namespace") == "crossbar.request":
+            said.append(event)
+
+    globalLogPublisher.addObserver(hear)
+    try:
+        flood, flooded = connected(crossbar)
+        flood.dataReceived(NOPE * 500)
+        crossbar.net.clock.advance(0)
+        assert flooded.value().count(b"HTTP/1.1 404 ") == 500
+        assert len(lines) == usage.refusals.burst
+        other, _ = connected(crossbar, peer="10.0.0.8")
+        other.dataReceived(NOPE)  # another client's refusal still has its line
+        assert len(lines) == usage.refusals.burst + 1
+        assert said == []
+        crossbar.net.clock.advance(usage.refusals.interval)  # the rest, in one line
+    finally:
+        globalLogPublisher.removeObserver(hear)
+    (summary,) = said
+    assert summary["refused"] == 490 and summary["peer"] == "10.0.0.7"
+    assert "490 more requests like these from 10.0.0.7" in summary["line"]
