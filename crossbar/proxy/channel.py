@@ -224,7 +224,7 @@ class ProxyChannel(Protocol):
     def _line_path(self, line: bytes) -> None:
         parts = line.split(b" ")
         if len(parts) == 3:
-            self.path = parts[1]
+            self.path = origin_form(parts[1])[0]
 
     def _read_head(self, head: bytes) -> None:
         line_end = head.find(_CRLF)
@@ -260,11 +260,19 @@ class ProxyChannel(Protocol):
             return
         self._version = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
         why, length, chunked, tokens = _framing(headers, self._version)
+        if why is None:
+            why = _host(headers, self._version)
         if why is not None:
             self._refuse(400, why)
             return
         self._command = parser.get_method()
-        self.path = parsed.url
+        self.path, authority = origin_form(parsed.url)
+        if authority is not None:
+            # RFC 9112, 3.2.2: a target in absolute form names the host; its Host header is
+            # ignored, so what reads Host (the admin API's Klein) reads the target's.
+            headers = [
+                (name, authority if name.lower() == b"host" else value) for name, value in headers
+            ]
         self._persistent = self._version == b"HTTP/1.1" and b"close" not in tokens
         self._start(headers, length, chunked)
 
@@ -588,6 +596,30 @@ def _framing(
     if chunked and lengths:
         return "a request may not have both Transfer-Encoding and Content-Length", 0, False, tokens
     return None, length, chunked, tokens
+
+
+def _host(headers: list[tuple[bytes, bytes]], version: bytes) -> str | None:
+    """Why the request's Host header cannot be taken (RFC 9112, 3.2: an HTTP/1.1 request
+    has exactly one, an HTTP/1.0 request at most one), or None."""
+    hosts = sum(1 for name, _ in headers if name.lower() == b"host")
+    if hosts > 1:
+        return f"the request has {hosts} Host headers: send one"
+    if not hosts and version == b"HTTP/1.1":
+        return "an HTTP/1.1 request must have a Host header"
+    return None
+
+
+def origin_form(target: bytes) -> tuple[bytes, bytes | None]:
+    """The path and query of a request target, and the authority when it came in absolute
+    form (`http://host/path?query`, RFC 9112, 3.2.2), else None."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target, None
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, path = rest[:cut], rest[cut:]
+    if not path.startswith(b"/"):
+        path = b"/" + path
+    return path, authority
 
 
 def _not_http(error: Exception, headers: list[tuple[bytes, bytes]]) -> str:

@@ -50,7 +50,8 @@ def test_an_http_1_0_request_is_answered_unchunked_and_its_connection_closes():
 
 def test_connection_close_is_answered_so_and_the_connection_closes():
     crossbar = start(ROUTES, hosts=("titan",))
-    client = crossbar.raw(b"GET /r/convo/v1/models HTTP/1.1\r\nConnection: close\r\n\r\n")
+    client = crossbar.raw(MODELS.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert client.status == 200
     assert client.header(b"Connection") == b"close" and client.lost
 
 
@@ -206,3 +207,45 @@ def test_refusals_before_routing_log_a_few_lines_per_client_then_one_line_for_th
     (summary,) = said
     assert summary["refused"] == 490 and summary["peer"] == "10.0.0.7"
     assert "490 more requests like these from 10.0.0.7" in summary["line"]
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"GET /r/convo/v1/models HTTP/1.1\r\n\r\n", b"must have a Host header"),
+        (b"GET /r/convo/v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", b"2 Host headers"),
+        (b"GET /r/convo/v1/models HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", b"2 Host headers"),
+    ],
+)
+def test_an_http_1_1_request_without_one_host_header_is_refused_400(head, why):
+    """RFC 9112, 3.2: exactly one Host on HTTP/1.1; HTTP/1.0 may leave it out, never send two."""
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.raw(head)
+    assert client.status == 400 and why in client.received and client.lost
+
+
+def test_an_http_1_0_request_may_leave_its_host_out():
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.raw(b"GET /r/convo/v1/models HTTP/1.0\r\n\r\n")
+    assert client.received.startswith(b"HTTP/1.0 200 OK")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [b"http://crossbar/r/convo/v1/models", b"HTTP://crossbar:8080/r/convo/v1/models?x=1"],
+)
+def test_a_target_in_absolute_form_is_served_by_its_path(target):
+    """RFC 9112, 3.2.2: a server takes a target in absolute form, its path and query."""
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.raw(b"GET " + target + b" HTTP/1.1\r\nHost: elsewhere\r\n\r\n")
+    assert client.status == 200 and b'"object": "list"' in client.received
+
+
+def test_an_absolute_target_names_the_host_the_admin_api_reads():
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.net.client(crossbar.sites.admin, peer="127.0.0.1")
+    client.transport.write(
+        b"GET http://localhost/api/hosts HTTP/1.1\r\nHost: \xff\xfe-not-utf8\r\n\r\n"
+    )
+    crossbar.net.flush()
+    assert client.status == 200  # the Host header, not UTF-8, was never read
