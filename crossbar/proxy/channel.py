@@ -8,8 +8,12 @@ proxy's lean Request and Klein's Request alike): `gotLength`, each piece of the 
 
 - The request line and headers must all arrive within `header_timeout` of their first byte,
   a body must not pause longer than `body_timeout` between bytes, and must all arrive within
-  `body_deadline` of its first byte: else 408 and close. A head and body that come whole in
-  one read (nearly all of them) arm no timer at all.
+  `body_deadline`, both counted from the end of its head (a body that never starts is closed
+  like one that stops): else 408 and close. A head and body that come whole in one read
+  (nearly all of them) arm no timer at all.
+- An HTTP/1.1 request has exactly one Host header, an HTTP/1.0 one at most one (RFC 9112,
+  3.2), else 400. A target in absolute form (`http://host/path`) is served by its path and
+  query, its authority standing in for the Host header (3.2.2).
 - Small writes go out at once (TCP_NODELAY, as nginx does).
 - A request line over 16 KiB: 414; a header line over 16 KiB, more than 16 KiB of headers or
   more than 500 of them: 431; anything else llhttp refuses: 400. Each with crossbar's JSON
@@ -19,7 +23,10 @@ proxy's lean Request and Klein's Request alike): `gotLength`, each piece of the 
   an HTTP/1.0 request; a folded header line (obs-fold); a line of the head that ends in a
   bare LF; and what proxy/chunks.py refuses in a chunked body.
 - Pipelined requests are answered in order: while one is handled, up to 16 KiB more is read
-  (so a client that leaves is seen at once), then reading pauses until it is answered.
+  (so a client that leaves is seen at once), then reading pauses until it is answered. A
+  connection starts at most `TURN_REQUESTS` requests per turn of the reactor, so a pipeline
+  that crossbar answers itself (404s, model lists) takes turns with every other connection;
+  while its answers wait to be read, the rest of its pipeline waits too.
 - HTTP/1.1 connections persist unless the request says `Connection: close`; an HTTP/1.0
   request's connection closes after its answer.
 """

@@ -9,10 +9,13 @@ Date for every answer; the proxy's one leaf resource needs none of that, and it 
 of the proxy's CPU. The admin port keeps twisted.web's Request (Klein needs it), bounded the
 same way (proxy/site.py `BoundedRequest`).
 
-A body takes its bytes from the sites' `BodyMemory` when it declares them (its Content-Length
-once the headers are in, each chunk's size before its data) and gives them back when its
-request ends (answered, refused, its client gone); past `max_body` it is 413, past what the
-memory has left 503, both before its bytes are read.
+A body takes its bytes from the sites' `BodyMemory` as they arrive, into one buffer (never an
+object per read or chunk), and gives them back and drops them when its request ends
+(answered, refused, its client gone). A declared length (its Content-Length once the headers
+are in, each chunk's size before its data) past `max_body` is 413, and past what the memory
+has left 503, both before its bytes are read; bytes that arrive past what is left are 503 as
+they do. A body declared and never sent holds nothing (the channel's `body_timeout` closes
+it).
 """
 
 from __future__ import annotations

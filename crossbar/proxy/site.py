@@ -1,11 +1,14 @@
 """The proxy's site and the admin API's, over crossbar's own HTTP/1.1 channel (channel.py).
 
-Each body is bounded by its site's `max_body`, and the bodies of both sites together by
-`max_body_memory` (one `BodyMemory`, request.py): a body that does not fit gets 503 with
-Retry-After before it is read, rather than a paused read: a paused body holds what it took
-and the client's own timers run, and bodies that each wait for another's bytes could all wait
-until their deadlines; a 503 frees everything at once, and OpenAI's and Anthropic's SDKs retry
-it by themselves.
+Each body is bounded by its site's `max_body`, and the bytes of the bodies of both sites
+together by `max_body_memory` (one `BodyMemory`, request.py, taken as bytes arrive): a body
+that does not fit gets 503 with Retry-After (before it is read when its declared length says
+so), rather than a paused read: a paused body holds what it took and the client's own timers
+run, and bodies that each wait for another's bytes could all wait until their deadlines; a
+503 frees everything at once, and OpenAI's and Anthropic's SDKs retry it by themselves.
+
+Requests refused before routing are counted each (`on_refused`) and logged as the usage
+recorder's `RefusalLog` allows: a few per client a minute, then one line for the rest.
 """
 
 from __future__ import annotations
