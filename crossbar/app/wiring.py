@@ -133,7 +133,8 @@ async def build_parts(
     usage = UsageRecorder(store, ids, guard, reactor, journal)
     metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth, tenants)
     table.listeners.append(metrics.lease_event)
-    usage.observers += [log_request, metrics.observe]
+    usage.log_line = log_request
+    usage.observers.append(metrics.observe)
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
     tracing = build_tracing(config, reactor, metrics.registry)
     genai = None

@@ -8,8 +8,12 @@ proxy's lean Request and Klein's Request alike): `gotLength`, each piece of the 
 
 - The request line and headers must all arrive within `header_timeout` of their first byte,
   a body must not pause longer than `body_timeout` between bytes, and must all arrive within
-  `body_deadline` of its first byte: else 408 and close. A head and body that come whole in
-  one read (nearly all of them) arm no timer at all.
+  `body_deadline`, both counted from the end of its head (a body that never starts is closed
+  like one that stops): else 408 and close. A head and body that come whole in one read
+  (nearly all of them) arm no timer at all.
+- An HTTP/1.1 request has exactly one Host header, an HTTP/1.0 one at most one (RFC 9112,
+  3.2), else 400. A target in absolute form (`http://host/path`) is served by its path and
+  query, its authority standing in for the Host header (3.2.2).
 - Small writes go out at once (TCP_NODELAY, as nginx does).
 - A request line over 16 KiB: 414; a header line over 16 KiB, more than 16 KiB of headers or
   more than 500 of them: 431; anything else llhttp refuses: 400. Each with crossbar's JSON
@@ -19,7 +23,10 @@ proxy's lean Request and Klein's Request alike): `gotLength`, each piece of the 
   an HTTP/1.0 request; a folded header line (obs-fold); a line of the head that ends in a
   bare LF; and what proxy/chunks.py refuses in a chunked body.
 - Pipelined requests are answered in order: while one is handled, up to 16 KiB more is read
-  (so a client that leaves is seen at once), then reading pauses until it is answered.
+  (so a client that leaves is seen at once), then reading pauses until it is answered. A
+  connection starts at most `TURN_REQUESTS` requests per turn of the reactor, so a pipeline
+  that crossbar answers itself (404s, model lists) takes turns with every other connection;
+  while its answers wait to be read, the rest of its pipeline waits too.
 - HTTP/1.1 connections persist unless the request says `Connection: close`; an HTTP/1.0
   request's connection closes after its answer.
 """
@@ -44,6 +51,9 @@ MAX_LINE = 16384  # a request line or one header line
 MAX_HEADER_BYTES = 16384  # all header lines after the request line
 MAX_HEADERS = 500
 _EAGER = 16384  # bytes read ahead while a request is handled, before reading pauses
+# Requests one connection may start in one turn of the reactor: a pipeline of requests answered
+# at once (a 404, a models list) is answered this many at a time, other connections in between.
+TURN_REQUESTS = 16
 _CRLF = b"\r\n"
 _END = b"\r\n\r\n"
 
@@ -88,8 +98,11 @@ class ProxyChannel(Protocol):
         self._version = b""
         self._persistent = True
         self._refused = False
-        self._replaying = False
+        self._taking = False  # _take runs: a request answered within it ends inside it
+        self._turn_left = TURN_REQUESTS  # requests this connection may still start this turn
+        self._next_turn: IDelayedCall | None = None  # its pipeline goes on in the next turn
         self._timer: IDelayedCall | None = None  # the head's deadline, or the body's pause
+        self._body_mark = 0.0  # when the body's last bytes (or its head) came
         self._deadline: IDelayedCall | None = None  # the whole body's
         self._idle: IDelayedCall | None = None
         self._last = 0.0  # when the last request ended (the idle timer's mark)
@@ -113,6 +126,9 @@ class ProxyChannel(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._disarm()
+        if self._next_turn is not None and self._next_turn.active():
+            self._next_turn.cancel()
+        self._next_turn = None
         if self._idle is not None and self._idle.active():
             self._idle.cancel()
         self._idle = None
@@ -123,13 +139,22 @@ class ProxyChannel(Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._refused:
             return
-        if self._phase == "handling":
+        if self._phase == "handling" or self._next_turn is not None:
             self._read_ahead(data)
             return
+        self._turn_left = TURN_REQUESTS
         self._take(data)
 
     def _take(self, data: bytes) -> None:
-        """Read `data` into heads and bodies until it is used up or a request is handled."""
+        """Read `data` into heads and bodies until it is used up, a request is handled, or
+        this connection has started its share of requests for this turn of the reactor."""
+        self._taking = True
+        try:
+            self._take_turn(data)
+        finally:
+            self._taking = False
+
+    def _take_turn(self, data: bytes) -> None:
         while data and not self._refused:
             phase = self._phase
             if phase == "handling":
@@ -137,8 +162,20 @@ class ProxyChannel(Protocol):
                 return
             if phase == "body":
                 data = self._body(data)
+            elif phase == "idle" and (self._turn_left <= 0 or self._waiting_for_transport):
+                # This connection had its share of the turn: the rest of its pipeline waits
+                # for the next one, so other connections are read and answered in between.
+                # While its answers wait to be read, it waits for them (resumeProducing).
+                self._read_ahead(data)
+                if not self._waiting_for_transport:
+                    self._next_turn = self._later(0, self._turn)
+                return
             else:
                 data = self._head_bytes(data)
+        if self._phase == "body" and not self._refused:
+            # More of a body is due: its timers run from the end of its head, so a body that
+            # never starts is closed like one that stops.
+            self._body_pending()
 
     def _read_ahead(self, data: bytes) -> None:
         self._ahead.append(data)
@@ -194,7 +231,7 @@ class ProxyChannel(Protocol):
     def _line_path(self, line: bytes) -> None:
         parts = line.split(b" ")
         if len(parts) == 3:
-            self.path = parts[1]
+            self.path = origin_form(parts[1])[0]
 
     def _read_head(self, head: bytes) -> None:
         line_end = head.find(_CRLF)
@@ -230,16 +267,25 @@ class ProxyChannel(Protocol):
             return
         self._version = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
         why, length, chunked, tokens = _framing(headers, self._version)
+        if why is None:
+            why = _host(headers, self._version)
         if why is not None:
             self._refuse(400, why)
             return
         self._command = parser.get_method()
-        self.path = parsed.url
+        self.path, authority = origin_form(parsed.url)
+        if authority is not None:
+            # RFC 9112, 3.2.2: a target in absolute form names the host; its Host header is
+            # ignored, so what reads Host (the admin API's Klein) reads the target's.
+            headers = [
+                (name, authority if name.lower() == b"host" else value) for name, value in headers
+            ]
         self._persistent = self._version == b"HTTP/1.1" and b"close" not in tokens
         self._start(headers, length, chunked)
 
     def _start(self, headers: list[tuple[bytes, bytes]], length: int, chunked: bool) -> None:
         """A head is in: make its request and begin its body."""
+        self._turn_left -= 1
         request = self.requestFactory(self)
         request.headers_received(headers)
         self.requests.append(request)
@@ -255,7 +301,7 @@ class ProxyChannel(Protocol):
         if chunked:
             self._phase = "body"
             self._chunks = StrictChunks(
-                request.handleContentChunk,
+                self._chunk_data,
                 self._chunked_end,
                 getattr(request, "chunk_declared", None) or (lambda n: True),
                 lambda why: self._refuse(400, why),
@@ -288,26 +334,44 @@ class ProxyChannel(Protocol):
                 if not self._refused:
                     self._received()
                 return rest
-        if self._phase == "body" and not self._refused:
-            self._body_pending()
         return rest
+
+    def _chunk_data(self, piece: bytes) -> bool:
+        """A piece of chunk data for the request; False when that refused it (stop reading)."""
+        self.requests[-1].handleContentChunk(piece)
+        return not self._refused
 
     def _chunked_end(self, rest: bytes) -> None:
         self._chunks = None
         self._rest = rest
-        self._received()
+        if not self._refused:
+            self._received()
 
     def _body_pending(self) -> None:
-        """Bytes of a body came and more are due: the pause and whole-body deadlines run."""
-        self._arm(self.site.body_timeout, "the request's body stopped arriving")
+        """More of a body is due (its head is in, or some of its bytes): the pause timer runs
+        from now, and the whole body's deadline from the first time this is said."""
+        site = self.site
+        self._body_mark = site.reactor.seconds()
+        if self._timer is None:
+            # One timer for the body's pauses, moved on lazily when it fires (none is made or
+            # cancelled per read: a body of many small reads costs no timer each).
+            self._timer = self._later(site.body_timeout, self._body_paused)
         if self._deadline is None:
             self._deadline = self._later(
-                self.site.body_deadline,
+                site.body_deadline,
                 self._refuse,
                 408,
                 "the request's body did not all arrive within "
-                f"{format_duration(self.site.body_deadline)} of its first byte",
+                f"{format_duration(site.body_deadline)} of its headers",
             )
+
+    def _body_paused(self) -> None:
+        self._timer = None
+        left = self._body_mark + self.site.body_timeout - self.site.reactor.seconds()
+        if left > 0:
+            self._timer = self._later(left, self._body_paused)
+            return
+        self._refuse(408, "the request's body stopped arriving")
 
     def _received(self) -> None:
         """The request is all in: it is handled, and bytes after it wait their turn."""
@@ -328,21 +392,33 @@ class ProxyChannel(Protocol):
             return
         self._phase = "idle"
         self._mark_idle()
-        if self._paused and not self._waiting_for_transport:
+        if self._taking or self._next_turn is not None or self._waiting_for_transport:
+            return  # the loop that answered it, the next turn, or resumeProducing reads on
+        self._turn_left = TURN_REQUESTS  # answered later than it came: a turn of its own
+        self._read_pipelined()
+
+    def _turn(self) -> None:
+        """This connection's next turn: read on into its pipeline."""
+        self._next_turn = None
+        self._turn_left = TURN_REQUESTS
+        if self._phase == "idle" and not self._refused and self.transport is not None:
+            self._read_pipelined()
+
+    def _read_pipelined(self) -> None:
+        """Read the bytes that came while a request was handled; reading resumes once fewer
+        than `_EAGER` of them wait."""
+        if self._ahead:
+            data = b"".join(self._ahead)
+            self._ahead, self._ahead_size = [], 0
+            self._take(data)
+        if (
+            self._paused
+            and self._ahead_size <= _EAGER
+            and not self._waiting_for_transport
+            and not self._refused
+        ):
             self._paused = False
             self.transport.resumeProducing()  # type: ignore[union-attr]
-        if not self._ahead or self._replaying:
-            return
-        # Pipelined bytes are read now; a request among them answered at once ends here
-        # again, and the loop goes on instead of recursing.
-        self._replaying = True
-        try:
-            while self._ahead and self._phase != "handling" and not self._refused:
-                data = b"".join(self._ahead)
-                self._ahead, self._ahead_size = [], 0
-                self._take(data)
-        finally:
-            self._replaying = False
 
     def writeHeaders(
         self, version: bytes, code: bytes, reason: bytes, headers: Any, then: Sequence[bytes] = ()
@@ -410,6 +486,10 @@ class ProxyChannel(Protocol):
         if self._phase != "handling" and self._paused:
             self._paused = False
             self.transport.resumeProducing()  # type: ignore[union-attr]
+        if self._phase == "idle" and self._ahead and self._next_turn is None:
+            # Pipelined requests waited for their answers to be read: on with them, in a turn
+            # of their own (not inside the transport's call).
+            self._next_turn = self._later(0, self._turn)
 
     def stopProducing(self) -> None:
         if self._request_producer is not None:
@@ -523,6 +603,30 @@ def _framing(
     if chunked and lengths:
         return "a request may not have both Transfer-Encoding and Content-Length", 0, False, tokens
     return None, length, chunked, tokens
+
+
+def _host(headers: list[tuple[bytes, bytes]], version: bytes) -> str | None:
+    """Why the request's Host header cannot be taken (RFC 9112, 3.2: an HTTP/1.1 request
+    has exactly one, an HTTP/1.0 request at most one), or None."""
+    hosts = sum(1 for name, _ in headers if name.lower() == b"host")
+    if hosts > 1:
+        return f"the request has {hosts} Host headers: send one"
+    if not hosts and version == b"HTTP/1.1":
+        return "an HTTP/1.1 request must have a Host header"
+    return None
+
+
+def origin_form(target: bytes) -> tuple[bytes, bytes | None]:
+    """The path and query of a request target, and the authority when it came in absolute
+    form (`http://host/path?query`, RFC 9112, 3.2.2), else None."""
+    scheme, sep, rest = target.partition(b"://")
+    if not sep or scheme.lower() not in (b"http", b"https"):
+        return target, None
+    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
+    authority, path = rest[:cut], rest[cut:]
+    if not path.startswith(b"/"):
+        path = b"/" + path
+    return path, authority
 
 
 def _not_http(error: Exception, headers: list[tuple[bytes, bytes]]) -> str:

@@ -9,10 +9,13 @@ Date for every answer; the proxy's one leaf resource needs none of that, and it 
 of the proxy's CPU. The admin port keeps twisted.web's Request (Klein needs it), bounded the
 same way (proxy/site.py `BoundedRequest`).
 
-A body takes its bytes from the sites' `BodyMemory` when it declares them (its Content-Length
-once the headers are in, each chunk's size before its data) and gives them back when its
-request ends (answered, refused, its client gone); past `max_body` it is 413, past what the
-memory has left 503, both before its bytes are read.
+A body takes its bytes from the sites' `BodyMemory` as they arrive, into one buffer (never an
+object per read or chunk), and gives them back and drops them when its request ends
+(answered, refused, its client gone). A declared length (its Content-Length once the headers
+are in, each chunk's size before its data) past `max_body` is 413, and past what the memory
+has left 503, both before its bytes are read; bytes that arrive past what is left are 503 as
+they do. A body declared and never sent holds nothing (the channel's `body_timeout` closes
+it).
 """
 
 from __future__ import annotations
@@ -74,12 +77,17 @@ def no_memory(limit: int) -> ClientError:
 
 
 class HeldBody:
-    """One request's body as it arrives, within its site's `max_body` and `memory`."""
+    """One request's body as it arrives, within its site's `max_body` and `memory`.
 
-    __slots__ = ("_held", "_memory", "declared", "parts")
+    The bytes are kept in one buffer that grows with them (a read's bytes as they are when the
+    body came in one read), never an object per read or per chunk: a body of 1-byte chunks
+    costs its bytes, not an object and a list slot for each. Each byte is taken from `memory`
+    as it arrives, so a body declared and never sent holds nothing."""
+
+    __slots__ = ("_buffer", "_held", "_memory", "declared")
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self._buffer: bytes | bytearray = b""
         self.declared = 0  # declared so far: the Content-Length, or the chunk sizes
         self._held = 0  # taken from `_memory`, given back by `release`
         self._memory: BodyMemory | None = None
@@ -87,26 +95,44 @@ class HeldBody:
     def declare(
         self, length: int, max_body: int, memory: BodyMemory
     ) -> tuple[ClientError, str] | None:
-        """Take `length` more declared bytes; the error and why when that cannot be."""
+        """`length` more bytes are declared: the error and why when they cannot be taken (over
+        `max_body`, or more than `memory` has left now). Nothing is taken until they arrive."""
         if self.declared + length > max_body:
             return too_large(max_body), "request body too large"
-        if not memory.take(length):
+        if length > memory.limit - memory.held:
+            return no_memory(memory.limit), "request bodies over max_body_memory"
+        self.declared += length
+        return None
+
+    def add(self, data: bytes, memory: BodyMemory) -> tuple[ClientError, str] | None:
+        """Keep `data`, taking its bytes from `memory`; the error and why when they do not fit
+        (nothing kept)."""
+        if not memory.take(len(data)):
             return no_memory(memory.limit), "request bodies over max_body_memory"
         self._memory = memory
-        self.declared += length
-        self._held += length
+        self._held += len(data)
+        buffer = self._buffer
+        if not buffer:
+            self._buffer = data  # the whole body in one read: kept as it came, no copy
+        elif isinstance(buffer, bytearray):
+            buffer += data
+        else:
+            grown = bytearray(buffer)
+            grown += data
+            self._buffer = grown
         return None
 
     def content(self) -> bytes:
-        """The body so far, in one piece (joined once)."""
-        parts = self.parts
-        if len(parts) == 1:
-            return parts[0]
-        whole = b"".join(parts)
-        self.parts = [whole]
-        return whole
+        """The body so far, in one piece: a grown buffer becomes bytes once, and the buffer
+        goes (the body is never held twice for longer than the copy)."""
+        buffer = self._buffer
+        if isinstance(buffer, bytearray):
+            buffer = self._buffer = bytes(buffer)
+        return buffer
 
     def release(self) -> None:
+        """Give the bytes back to `memory` and drop them: the request has ended."""
+        self._buffer = b""
         if self._memory is not None and self._held:
             self._memory.give(self._held)
             self._held = 0
@@ -114,8 +140,9 @@ class HeldBody:
 
 class HoldsBody:
     """What the channel calls as a body arrives, for both ports' requests: each declared
-    length taken from the sites' `BodyMemory` first, the bytes kept in a `HeldBody`, and a
-    body over a bound refused at once on the raw connection."""
+    length checked against `max_body` and the sites' `BodyMemory`, each byte taken from that
+    memory as it arrives and kept in a `HeldBody`, and a body over a bound refused at once on
+    the raw connection."""
 
     _body: HeldBody
     _refused = False
@@ -135,14 +162,15 @@ class HoldsBody:
 
     def handleContentChunk(self, data: bytes) -> None:
         if not self._refused:
-            self._body.parts.append(data)
+            refused = self._body.add(data, self.channel.site.memory)
+            if refused is not None:
+                self._refuse(*refused)
 
     def _refuse(self, error: ClientError, why: str) -> None:
         """Answer `error` at once on the raw connection and close it: the rest of the body is
         never read, and what it held is given back."""
         self._refused = True
         self._body.release()
-        self._body.parts = []
         self.channel.refuse(error, why, self)
 
 
@@ -183,6 +211,7 @@ class ProxyRequest(HoldsBody):
 
     def __init__(self, channel: Any) -> None:
         self.channel = channel
+        self._client = channel.getPeer()  # kept: asked for after the answer too (its log)
         self.requestHeaders = RawHeaders()
         self.responseHeaders = RawHeaders()
         self._body = HeldBody()
@@ -237,7 +266,7 @@ class ProxyRequest(HoldsBody):
         return values[-1] if values else None
 
     def getClientAddress(self) -> Any:
-        return self.channel.getPeer() if self.channel is not None else None
+        return self._client
 
     def isSecure(self) -> bool:
         return self.channel is not None and self.channel.isSecure()

@@ -37,6 +37,7 @@ from crossbar.proxy.routing import (
     authenticate,
     check_model_scope,
     choose_model,
+    credentials,
     resolve_route,
     split_route,
 )
@@ -271,15 +272,15 @@ class ProxyResource(Resource):
                 self._usage.finish(ex)
             elif ex.status:  # refused before its route was known; a preflight has no status
                 ex.route = UNKNOWN_ROUTE
-                self._usage.refused(ex)
+                self._usage.refused(ex, getattr(request.getClientAddress(), "host", "") or "")
 
     async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
-        header = header_reader(request.requestHeaders)
         route, kind = target.route, target.kind
         book = self._tenants.book if self._tenants is not None else None
+        authorization, api_key = credentials(request.requestHeaders)
         try:
             now = self._clock.seconds()
-            key = authenticate(route, book, header("Authorization"), header("X-Api-Key"), now)
+            key = authenticate(route, book, authorization, api_key, now)
         except KeyRefused as e:
             raise for_key(e) from None
         if key is not None:

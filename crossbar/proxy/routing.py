@@ -38,6 +38,30 @@ def resolve_route(config: Config, name: str) -> Route:
     return route
 
 
+_CREDENTIALS = ((b"authorization", "Authorization"), (b"x-api-key", "x-api-key"))
+
+
+def credentials(headers: Any) -> tuple[str | None, str | None]:
+    """The request's `Authorization` and `x-api-key` values, each read as UTF-8 (a key's
+    secret is hashed as UTF-8: config/keys.py `hash_secret`, so a secret that is not ASCII
+    matches the bytes a client sends for it). A value that is not UTF-8 is "", which matches
+    no key. Either header sent twice is 400: which one counts would be a guess, and a proxy
+    in front could have guessed the other."""
+    read: list[str | None] = []
+    for raw, name in _CREDENTIALS:
+        values = headers.getRawHeaders(raw)
+        if not values:
+            read.append(None)
+        elif len(values) > 1:
+            raise bad_request(f"the request has {len(values)} {name} headers: send one")
+        else:
+            try:
+                read.append(values[0].decode("utf-8"))
+            except UnicodeDecodeError:
+                read.append("")
+    return read[0], read[1]
+
+
 def presented_key(authorization: str | None, api_key: str | None) -> str | None:
     """The client key a request carries: `Authorization: Bearer <key>` (OpenAI's SDKs), else
     `x-api-key` (Anthropic's)."""

@@ -1,11 +1,14 @@
 """The proxy's site and the admin API's, over crossbar's own HTTP/1.1 channel (channel.py).
 
-Each body is bounded by its site's `max_body`, and the bodies of both sites together by
-`max_body_memory` (one `BodyMemory`, request.py): a body that does not fit gets 503 with
-Retry-After before it is read, rather than a paused read: a paused body holds what it took
-and the client's own timers run, and bodies that each wait for another's bytes could all wait
-until their deadlines; a 503 frees everything at once, and OpenAI's and Anthropic's SDKs retry
-it by themselves.
+Each body is bounded by its site's `max_body`, and the bytes of the bodies of both sites
+together by `max_body_memory` (one `BodyMemory`, request.py, taken as bytes arrive): a body
+that does not fit gets 503 with Retry-After (before it is read when its declared length says
+so), rather than a paused read: a paused body holds what it took and the client's own timers
+run, and bodies that each wait for another's bytes could all wait until their deadlines; a
+503 frees everything at once, and OpenAI's and Anthropic's SDKs retry it by themselves.
+
+Requests refused before routing are counted each (`on_refused`) and logged as the usage
+recorder's `RefusalLog` allows: a few per client a minute, then one line for the rest.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ class Refusal:
     path: str = ""
     shape: ErrorShape = ErrorShape.OPENAI
     headers: tuple[tuple[bytes, bytes], ...] = ()
+    peer: str = ""  # the client's address
 
 
 @frozen
@@ -146,8 +150,9 @@ class ProxySite(BoundedSite):
         self._config = config
         self.max_body = config.server.max_body
 
-    # Told of each request refused before routing: (route or "", path, status, why).
-    on_refused: Callable[[str, str, int, str], None] | None = None
+    # Told of each request refused before routing: (route or "", path, status, why, the
+    # client's address).
+    on_refused: Callable[[str, str, int, str, str], None] | None = None
 
     def refusal(self, channel: Any, request: Any = None) -> Refusal:
         """Its route from its request line (or its X-Crossbar-Route header when the headers
@@ -162,18 +167,19 @@ class ProxySite(BoundedSite):
             name, path = "", raw
         route = self._config.route(name) if name else None
         shape = classify("POST", path)[0].errors
+        peer = getattr(channel.getPeer(), "host", "") or ""
         if route is None or header is None:
-            return Refusal("" if route is None else name, path, shape)
+            return Refusal("" if route is None else name, path, shape, peer=peer)
         answer = RawHeaders()
         cors.mark(_Answer(answer), route, header)
         headers = tuple(answer.pairs())
-        return Refusal(name, path, shape, headers)
+        return Refusal(name, path, shape, headers, peer)
 
     def refused(self, refusal: Refusal, status: int, why: str) -> None:
         """Log and count it like any request (the usage observers), by the route its path
         names when the config has that route."""
         if self.on_refused is not None:
-            self.on_refused(refusal.route, refusal.path, status, why)
+            self.on_refused(refusal.route, refusal.path, status, why, refusal.peer)
 
     def log(self, request: Any) -> None:
         # crossbar's request line says more; twisted.web's would repeat it at a tenth of the

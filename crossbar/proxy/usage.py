@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from twisted.internet.defer import Deferred, ensureDeferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -19,9 +19,55 @@ from crossbar.records import UsageRow
 from crossbar.wire import Exchange
 
 log = Logger(namespace="crossbar.usage")
+_request_log = Logger(namespace="crossbar.request")  # the request log line's namespace
 Observer = Callable[[UsageRow], None]
 UNKNOWN_ROUTE = "(unknown)"  # the route of a request refused before its route was known
 MAX_UNSAVED_ROWS = 100_000  # kept through a store outage; past it the oldest go (counted)
+
+
+class RefusalLog:
+    """Which refusals before routing get a log line of their own: per client address, the
+    first `burst` in each `interval`; the rest are counted and told in one line per address
+    when the interval ends ("N more like this from PEER"). A client pipelining requests for a
+    route that does not exist once wrote a line per request, 16 MB in seconds."""
+
+    def __init__(self, clock: IReactorTime, burst: int = 10, interval: float = 60.0) -> None:
+        self._clock = clock
+        self.burst = burst
+        self.interval = interval
+        self._ends = 0.0  # when the interval now running ends
+        self._logged: dict[str, int] = {}  # per address, lines this interval
+        self._unlogged: dict[str, int] = {}  # per address, refusals not logged this interval
+        self._timer: IDelayedCall | None = None  # the end of an interval with refusals unlogged
+
+    def admit(self, peer: str) -> bool:
+        """A refusal for a client at `peer`: True when it gets its own line."""
+        now = self._clock.seconds()
+        if now >= self._ends:
+            self._tell()
+            self._logged.clear()
+            self._ends = now + self.interval
+        logged = self._logged.get(peer, 0)
+        if logged < self.burst:
+            self._logged[peer] = logged + 1
+            return True
+        self._unlogged[peer] = self._unlogged.get(peer, 0) + 1
+        if self._timer is None:
+            self._timer = self._clock.callLater(self._ends - now, self._tell)
+        return False
+
+    def _tell(self) -> None:
+        """One line per address whose refusals were not all logged in the interval ended."""
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+        unlogged, self._unlogged = self._unlogged, {}
+        for peer, count in unlogged.items():
+            line = (
+                f"{count} more requests like these from {peer or '-'} refused before routing "
+                f"in {self.interval:.0f}s (not logged one by one)"
+            )
+            _request_log.info("{line}", line=line, peer=peer, refused=count)
 
 
 class UsageStore(Protocol):
@@ -58,6 +104,10 @@ class UsageRecorder:
         self._clock = clock
         self._journal = journal
         self.observers: list[Observer] = list(observers or [])
+        # The request log line: told every row, but refusals before routing only as
+        # `refusals` lets through (the other observers count every one).
+        self.log_line: Observer | None = None
+        self.refusals = RefusalLog(clock)
         self.unsaved: deque[UsageRow] = deque(maxlen=MAX_UNSAVED_ROWS)
         self.dropped = 0  # rows that did not fit while the store was down
         self._pending: list[UsageRow] = []  # waiting for the write in flight to finish
@@ -80,22 +130,28 @@ class UsageRecorder:
             self._guard.learn(ex.model, ex.prompt_chars, ex.tokens.prompt)
         return row
 
-    def refused(self, ex: Exchange) -> UsageRow:
+    def refused(self, ex: Exchange, peer: str = "") -> UsageRow:
         """A request refused before a route was known (unknown route, no route, a body or a
-        request line too large): logged and counted under the route "(unknown)" unless `ex`
-        names one, never stored, so a scanner cannot fill the usage table."""
+        request line too large): counted under the route "(unknown)" unless `ex` names one,
+        logged as `refusals` allows for its client at `peer`, never stored, so a scanner
+        cannot fill the usage table or the log."""
         row = self._row(ex)
-        self._tell(row)
+        self._tell(row, self.refusals.admit(peer))
         return row
 
-    def refused_early(self, route: str, path: str, status: int, why: str) -> None:
+    def refused_early(self, route: str, path: str, status: int, why: str, peer: str = "") -> None:
         """A request the site refused before the proxy saw it (a body over `max_body`, a
         request line or head too long, a slow or unparsable request)."""
         now = self._clock.seconds()
         ex = Exchange(now, route or UNKNOWN_ROUTE, path, status=status, error=why)
-        self.refused(ex)
+        self.refused(ex, peer)
 
-    def _tell(self, row: UsageRow) -> None:
+    def _tell(self, row: UsageRow, logged: bool = True) -> None:
+        if logged and self.log_line is not None:
+            try:
+                self.log_line(row)
+            except Exception:
+                log.failure("the request log line failed")
         for observer in self.observers:
             try:
                 observer(row)

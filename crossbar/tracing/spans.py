@@ -15,6 +15,7 @@ in the code.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -39,6 +40,14 @@ from crossbar.tracing.export import SpanQueue
 from crossbar.wire import Exchange, Inbound, Outgoing
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+# W3C Trace Context's tracestate list-member (a key, "=", a value), and the bounds of the list.
+_MEMBER = re.compile(
+    rb"(?:[a-z][a-z0-9_*/-]{0,255}|[a-z0-9][a-z0-9_*/-]{0,240}@[a-z][a-z0-9_*/-]{0,13})"
+    rb"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+_MAX_MEMBERS = 32
+_MAX_TRACESTATE = 8192  # the propagator's own bound (W3C asks at least 512 be kept)
+_MAX_TRACEPARENT = 512  # the propagator's own bound, past which it logs a warning
 _TRACE_HEADERS = frozenset({b"traceparent", b"tracestate"})
 _METHODS = frozenset(
     {"GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"}
@@ -49,6 +58,28 @@ _ROOT = Context()  # the parent of a new trace
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+def well_formed_tracestate(values: list[bytes]) -> bool:
+    """Whether a request's `tracestate` lines make a list W3C Trace Context allows. One that
+    does not is dropped without a word, as the recommendation says: the propagator would log
+    the client's text at each request (no key needed to send it), and a trace goes on
+    without its vendors' state."""
+    if sum(len(v) for v in values) + len(values) - 1 > _MAX_TRACESTATE:
+        return False
+    keys: set[bytes] = set()
+    for value in values:
+        for member in value.split(b","):
+            member = member.strip(b" \t")
+            if not member:
+                continue
+            if _MEMBER.fullmatch(member) is None:
+                return False
+            key = member.partition(b"=")[0]
+            if key in keys:
+                return False
+            keys.add(key)
+    return len(keys) <= _MAX_MEMBERS
 
 
 class Tracing:
@@ -96,10 +127,10 @@ class Tracing:
         headers = request.requestHeaders
         parent = None
         values = headers.getRawHeaders(b"traceparent")
-        if values:
+        if values and len(values[0]) <= _MAX_TRACEPARENT:
             carrier = {"traceparent": [v.decode("latin-1") for v in values]}
             state = headers.getRawHeaders(b"tracestate")
-            if state:
+            if state and well_formed_tracestate(state):
                 carrier["tracestate"] = [v.decode("latin-1") for v in state]
             parent = _PROPAGATOR.extract(carrier)
         method = request.method.decode("ascii", "replace")

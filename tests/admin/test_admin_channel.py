@@ -60,7 +60,9 @@ def test_an_admin_body_that_trickles_gets_408_at_body_deadline():
     crossbar = start(ROUTES, hosts=("titan",), body_deadline="5s")
     net = crossbar.net
     client = admin_client(crossbar)
-    client.transport.write(b"PUT /api/routes/convo/pin HTTP/1.1\r\nContent-Length: 50\r\n\r\n{")
+    client.transport.write(
+        b"PUT /api/routes/convo/pin HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"
+    )
     net.flush()
     net.clock.pump([1] * 4)
     net.flush()

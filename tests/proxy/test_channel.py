@@ -4,8 +4,11 @@ while a client pipelines more than it reads, and an idle connection closed (in m
 Clock)."""
 
 import pytest
+from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
+from twisted.logger import globalLogPublisher
 
+from crossbar.proxy.channel import TURN_REQUESTS
 from crossbar.wire.dialects import ErrorShape
 from tests.support.memnet import MODEL, chat, start
 
@@ -47,7 +50,8 @@ def test_an_http_1_0_request_is_answered_unchunked_and_its_connection_closes():
 
 def test_connection_close_is_answered_so_and_the_connection_closes():
     crossbar = start(ROUTES, hosts=("titan",))
-    client = crossbar.raw(b"GET /r/convo/v1/models HTTP/1.1\r\nConnection: close\r\n\r\n")
+    client = crossbar.raw(MODELS.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n"))
+    assert client.status == 200
     assert client.header(b"Connection") == b"close" and client.lost
 
 
@@ -120,3 +124,128 @@ def test_a_body_refused_at_its_length_is_answered_in_its_paths_dialect(path, sha
         assert b'"type": "request_too_large"' in client.received
     else:
         assert b'"code": 413' in client.received
+
+
+NOPE = b"GET /r/nope/x HTTP/1.1\r\nHost: x\r\n\r\n"  # 404, answered by crossbar itself
+
+
+def connected(crossbar, peer: str = "10.0.0.7"):
+    channel = crossbar.sites.proxy.buildProtocol(None)
+    transport = StringTransport(peerAddress=IPv4Address("TCP", peer, 40000))
+    channel.makeConnection(transport)
+    return channel, transport
+
+
+def one_turn(clock) -> None:
+    """Run what is due now and was due before this turn, as one pass of the reactor does
+    (Clock.advance would also run what those calls schedule for now)."""
+    due = [call for call in clock.getDelayedCalls() if call.getTime() <= clock.seconds()]
+    for call in due:
+        clock.calls.remove(call)
+        call.called = 1
+        call.func(*call.args, **call.kw)
+
+
+def test_a_pipeline_answered_by_crossbar_itself_takes_turns_with_other_connections():
+    """A connection pipelining requests crossbar answers at once gets TURN_REQUESTS of them
+    answered per turn of the reactor; another connection's request is answered in between,
+    and the pipeline is read no further while its backlog waits."""
+    crossbar = start(ROUTES, hosts=("titan",))
+    flood, flooded = connected(crossbar)
+    other, answered = connected(crossbar)
+    flood.dataReceived(NOPE * 1000)
+    assert flooded.value().count(b"HTTP/1.1 404 ") == TURN_REQUESTS
+    assert flooded.producerState == "paused"
+    other.dataReceived(MODELS)
+    assert answered.value().startswith(b"HTTP/1.1 200 OK")
+    turns = 1
+    while flooded.value().count(b"HTTP/1.1 404 ") < 1000:
+        one_turn(crossbar.net.clock)
+        turns += 1
+        assert flooded.value().count(b"HTTP/1.1 404 ") <= turns * TURN_REQUESTS
+    assert turns == -(-1000 // TURN_REQUESTS)
+    assert flooded.producerState == "producing" and not flooded.disconnecting
+
+
+def test_a_pipeline_behind_a_forwarded_request_also_takes_turns():
+    crossbar = start(ROUTES, hosts=("titan",))
+    flood, flooded = connected(crossbar)
+    flood.dataReceived(post(chat()) + NOPE * 100)  # the first waits for its host
+    crossbar.net.flush()
+    (host,) = crossbar.net.connections["titan"]
+    host.answer()
+    crossbar.net.pumps[0].flush(advanceClock=False)  # the answer, and no turn after it
+    assert flooded.value().count(b"HTTP/1.1 404 ") == TURN_REQUESTS
+    crossbar.net.flush()
+    assert flooded.value().count(b"HTTP/1.1 404 ") == 100
+
+
+def test_refusals_before_routing_log_a_few_lines_per_client_then_one_line_for_the_rest():
+    crossbar = start(ROUTES, hosts=("titan",))
+    usage = crossbar.parts.usage
+    lines, said = [], []
+    usage.log_line = lines.append
+
+    def hear(event):
+        if event.get("log_namespace") == "crossbar.request":
+            said.append(event)
+
+    globalLogPublisher.addObserver(hear)
+    try:
+        flood, flooded = connected(crossbar)
+        flood.dataReceived(NOPE * 500)
+        crossbar.net.clock.advance(0)
+        assert flooded.value().count(b"HTTP/1.1 404 ") == 500
+        assert len(lines) == usage.refusals.burst
+        other, _ = connected(crossbar, peer="10.0.0.8")
+        other.dataReceived(NOPE)  # another client's refusal still has its line
+        assert len(lines) == usage.refusals.burst + 1
+        assert said == []
+        crossbar.net.clock.advance(usage.refusals.interval)  # the rest, in one line
+    finally:
+        globalLogPublisher.removeObserver(hear)
+    (summary,) = said
+    assert summary["refused"] == 490 and summary["peer"] == "10.0.0.7"
+    assert "490 more requests like these from 10.0.0.7" in summary["line"]
+
+
+@pytest.mark.parametrize(
+    ("head", "why"),
+    [
+        (b"GET /r/convo/v1/models HTTP/1.1\r\n\r\n", b"must have a Host header"),
+        (b"GET /r/convo/v1/models HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", b"2 Host headers"),
+        (b"GET /r/convo/v1/models HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n", b"2 Host headers"),
+    ],
+)
+def test_an_http_1_1_request_without_one_host_header_is_refused_400(head, why):
+    """RFC 9112, 3.2: exactly one Host on HTTP/1.1; HTTP/1.0 may leave it out, never send two."""
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.raw(head)
+    assert client.status == 400 and why in client.received and client.lost
+
+
+def test_an_http_1_0_request_may_leave_its_host_out():
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.raw(b"GET /r/convo/v1/models HTTP/1.0\r\n\r\n")
+    assert client.received.startswith(b"HTTP/1.0 200 OK")
+
+
+@pytest.mark.parametrize(
+    "target",
+    [b"http://crossbar/r/convo/v1/models", b"HTTP://crossbar:8080/r/convo/v1/models?x=1"],
+)
+def test_a_target_in_absolute_form_is_served_by_its_path(target):
+    """RFC 9112, 3.2.2: a server takes a target in absolute form, its path and query."""
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.raw(b"GET " + target + b" HTTP/1.1\r\nHost: elsewhere\r\n\r\n")
+    assert client.status == 200 and b'"object": "list"' in client.received
+
+
+def test_an_absolute_target_names_the_host_the_admin_api_reads():
+    crossbar = start(ROUTES, hosts=("titan",))
+    client = crossbar.net.client(crossbar.sites.admin, peer="127.0.0.1")
+    client.transport.write(
+        b"GET http://localhost/api/hosts HTTP/1.1\r\nHost: \xff\xfe-not-utf8\r\n\r\n"
+    )
+    crossbar.net.flush()
+    assert client.status == 200  # the Host header, not UTF-8, was never read

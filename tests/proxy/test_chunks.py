@@ -16,9 +16,13 @@ class Decoded:
         self.declared: list[int] = []
         self.refused: list[str] = []
         self.decoder = StrictChunks(
-            self.data.append, self.finished.append, self._declare, self.refused.append
+            self._data, self.finished.append, self._declare, self.refused.append
         )
         self._taken = taken
+
+    def _data(self, piece: bytes) -> bool:
+        self.data.append(piece)
+        return True
 
     def _declare(self, length: int) -> bool:
         self.declared.append(length)

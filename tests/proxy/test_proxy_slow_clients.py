@@ -50,21 +50,36 @@ def test_a_body_that_stops_arriving_gets_408_after_body_timeout():
     assert "titan" not in net.connections
 
 
-def test_a_body_that_trickles_gets_408_at_body_deadline_after_its_first_byte():
+def test_a_body_that_never_starts_gets_408_after_body_timeout_from_the_end_of_its_head():
+    crossbar = start(ROUTES, hosts=("titan",), body_timeout="30s")
+    net = crossbar.net
+    client = crossbar.raw(
+        b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\n\r\n"
+    )
+    net.clock.advance(29)
+    net.flush()
+    assert client.status is None and not client.lost
+    net.clock.advance(1)
+    net.flush()
+    status, error = error_of(client)
+    assert status == 408 and "body" in error["error"]["message"] and client.lost
+
+
+def test_a_body_that_trickles_gets_408_at_body_deadline_after_its_head():
     crossbar = start(ROUTES, hosts=("titan",), body_timeout="30s")  # body_deadline "60s"
     net = crossbar.net
     client = crossbar.raw(
         b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n"
     )
-    net.clock.advance(20)  # the wait for the first byte is body_timeout's, not the deadline's
+    net.clock.advance(20)  # a wait for the first byte counts in the deadline too
     client.transport.write(b"{")
     net.flush()
-    for _ in range(59):  # a byte a second never trips body_timeout...
+    for _ in range(39):  # a byte a second never trips body_timeout...
         net.clock.advance(1)
         client.transport.write(b" ")
         net.flush()
     assert client.status is None and not client.lost
-    net.clock.advance(1)  # ...but the whole body is due body_deadline after its first byte
+    net.clock.advance(1)  # ...but the whole body is due body_deadline after its head
     net.flush()
     status, error = error_of(client)
     assert status == 408 and "body" in error["error"]["message"] and client.lost
