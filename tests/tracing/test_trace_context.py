@@ -39,15 +39,16 @@ class _Request:
         return IPv4Address("TCP", "10.0.0.9", 40000)
 
 
-def tracing() -> Tracing:
-    provider = TracerProvider(shutdown_on_exit=False)
-    return Tracing(provider.get_tracer("test"), Clock(), SpanQueue(_Nowhere(), 10), 5.0)
-
-
 def parent_of(state: bytes):
     headers = [(b"traceparent", f"00-{TRACE}-{PARENT}-01".encode()), (b"tracestate", state)]
-    trace = tracing().request(_Request(headers), 0.0)
-    return trace.span.parent
+    provider = TracerProvider(shutdown_on_exit=False)
+    spans = SpanQueue(_Nowhere(), 10)
+    try:
+        tracing = Tracing(provider.get_tracer("test"), Clock(), spans, 5.0)
+        return tracing.request(_Request(headers), 0.0).span.parent
+    finally:
+        spans.shutdown()  # its exporting thread ends with the test (others count them)
+        spans._thread.join()
 
 
 @pytest.mark.parametrize(
