@@ -46,3 +46,7 @@ class UsageRow:
     lease: str = ""  # the X-Crossbar-Lease value: new, reused, pinned or moved
     error: str = ""  # what went wrong, "" when nothing did
     key: str = ""  # the named client key's name ("" for none or an anonymous key); never a secret
+    # The route the request came for when a fallback route served it (`route`), and why it
+    # fell back (proxy/fallback.py REASONS); "" when its own route served it.
+    fallback_from: str = ""
+    fallback_reason: str = ""

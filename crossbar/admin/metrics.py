@@ -131,6 +131,13 @@ class Metrics:
             ["reason"],
             registry=r,
         )
+        self.fallbacks = Counter(
+            "crossbar_fallbacks",
+            "Requests a fallback route served, by the route they came for (templates folded), "
+            "the route that served them and why their own could not.",
+            ["route", "to", "reason"],
+            registry=r,
+        )
         self.key_requests = Counter(
             "crossbar_key_requests",
             'Requests of named client keys, by key (keys not in server.metrics_keys: "(other)").',
@@ -148,6 +155,7 @@ class Metrics:
         self._cached: dict[str, int] = defaultdict(int)
         self._seen = Seen()
         self._seen_keys = Seen()  # the key metrics' label sets, for a reload to prune
+        self._seen_fallbacks = Seen()
         self._series: dict[tuple[str, str, str, int], _Series] = {}
         r.register(_Live(self))
 
@@ -164,6 +172,9 @@ class Metrics:
         self._seen.forget_stale(stale)
         listed = config.server.metrics_keys
         self._seen_keys.forget_stale(lambda v: v[0] != OTHER_KEYS and v[0] not in listed)
+        self._seen_fallbacks.forget_stale(
+            lambda v: not (label_stands(config, v[0]) and label_stands(config, v[1]))
+        )
         for route in [r for r in self._prompt if not label_stands(config, r)]:
             del self._prompt[route]
             self._cached.pop(route, None)
@@ -199,6 +210,10 @@ class Metrics:
             series.child("completion").inc(row.completion_tokens)
         if row.key:
             self._observe_key(row)
+        if row.fallback_from:
+            config = self.config
+            labels = (route_label(config, row.fallback_from), route_label(config, row.route))
+            self._seen_fallbacks.labels(self.fallbacks, *labels, row.fallback_reason).inc()
 
     def key_label(self, name: str) -> str:
         """A key's label: its name if `server.metrics_keys` lists it, else "(other)" (the

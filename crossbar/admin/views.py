@@ -61,6 +61,8 @@ def route_rows(config: Config, facts: RouteFacts, names: list[str]) -> list[dict
                 "affinity": route.affinity if route is not None else "",
                 "queue": route.queue if route is not None else None,
                 "peers": list(route.peers) if route is not None else [],
+                "fallbacks": list(route.fallbacks) if route is not None else [],
+                "fallback_after": route.fallback_after if route is not None else None,
                 "auth": route.needs_key if route is not None else False,
                 "pinned": facts.pins.get(name),
                 "leases": sum(by_host.values()),

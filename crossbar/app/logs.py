@@ -19,6 +19,8 @@ def log_request(row: UsageRow) -> None:
     queue_ms = row.queue_ms or 0.0
     error = f" error={row.error!r}" if row.error else ""
     key = f" key={row.key}" if row.key else ""  # the key's name only: never its secret
+    if row.fallback_from:
+        key += f" fallback_from={row.fallback_from} fallback={row.fallback_reason}"
     # Formatted here in one f-string: twisted.logger's own formatting of a dozen fields was
     # most of the line's cost, a few percent of the proxy's CPU. The fields stay in the event
     # for JSON observers.
@@ -43,6 +45,8 @@ def log_request(row: UsageRow) -> None:
         completion=row.completion_tokens,
         error=error,
         key=row.key,
+        fallback_from=row.fallback_from,
+        fallback_reason=row.fallback_reason,
     )
 
 

@@ -69,6 +69,13 @@ def _route_line(config: Config, route: Route) -> str:
         parts.append(f"cors {', '.join(route.cors_origins)}")
     if route.peers:
         parts.append(f"peers {', '.join(route.peers)}")
+    if route.fallbacks:
+        after = (
+            f" (also after {format_duration(route.fallback_after)} waiting)"
+            if route.fallback_after is not None
+            else ""
+        )
+        parts.append(f"fallbacks {', '.join(route.fallbacks)}{after}")
     if route.rebalance:
         parts.append(
             f"rebalance after {format_duration(route.rebalance_after)} queued, conversations "

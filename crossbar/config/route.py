@@ -57,6 +57,11 @@ class Route:
     valve_margin: float = 1.0
     valve_slack: float = 0.25
     valve_hold: float = 60.0
+    # Routes a request falls back to, in order, when this one cannot serve it before its first
+    # byte; with `fallback_after`, also when its wait for a slot passes that (None: only when
+    # it is refused, or its host is down or refuses it).
+    fallbacks: tuple[str, ...] = ()
+    fallback_after: float | None = None
 
     @property
     def limits_output(self) -> bool:
@@ -178,7 +183,13 @@ def read_route_body(table: Section, name: str) -> Route:
         valve_margin=table.positive_number("valve_margin", 1.0, 1.0, VALVE_MARGIN_MAX),
         valve_slack=table.duration("valve_slack", 0.25, positive=False),
         valve_hold=table.duration("valve_hold", 60.0, positive=False),
+        fallbacks=table.string_list("fallbacks"),
+        fallback_after=table.duration("fallback_after", None),  # type: ignore[arg-type]
     )
+    if route.fallback_after is not None and not route.fallbacks:
+        table.errors.add(
+            table.sub("fallback_after"), "needs fallbacks (the routes to fall back to)"
+        )
     cap, default = route.max_tokens_cap, route.max_tokens_default
     if cap is not None and default is not None and default > cap:
         table.errors.add(
@@ -237,6 +248,32 @@ def read_templates(errors: Errors, data: Any) -> list[Template]:
     return templates
 
 
+def fallback_loop(start: Route, resolve: Any) -> list[str] | None:
+    """The names of a loop of fallbacks through `start` (`start` first and last), or None.
+    `resolve(name)` is the route a name serves (a template's included), or None. A request
+    follows only its own route's fallbacks, never theirs; a loop is refused all the same: an
+    operator who wrote one meant a chain, which crossbar does not follow."""
+    path = [start.name]
+
+    def visit(route: Route) -> list[str] | None:
+        for name in route.fallbacks:
+            if name == start.name:
+                return [*path, name]
+            if name in path:
+                continue  # a loop that does not pass `start`: reported from its own routes
+            target = resolve(name)
+            if target is None:
+                continue
+            path.append(name)
+            found = visit(target)
+            path.pop()
+            if found is not None:
+                return found
+        return None
+
+    return visit(start)
+
+
 def check_route_links(
     errors: Errors,
     path: str,
@@ -278,5 +315,10 @@ def check_route_links(
     for peer in route.peers:
         if not route_exists(peer):
             errors.add(f"{path}.peers", f"unknown route {quote(peer)}")
+    for fallback in route.fallbacks:
+        if not route_exists(fallback):
+            errors.add(f"{path}.fallbacks", f"unknown route {quote(fallback)}")
+    if len(set(route.fallbacks)) != len(route.fallbacks):
+        errors.add(f"{path}.fallbacks", "names a route twice")
     if len(set(route.keys)) != len(route.keys):
         errors.add(f"{path}.keys", "lists a key twice")

@@ -18,7 +18,14 @@ from twisted.internet.testing import MemoryReactor
 from crossbar.config.fields import NAME, Errors, Section, quote, type_name
 from crossbar.config.keys import KeyConfig, read_keys
 from crossbar.config.redaction import redact
-from crossbar.config.route import Route, Template, check_route_links, read_routes, read_templates
+from crossbar.config.route import (
+    Route,
+    Template,
+    check_route_links,
+    fallback_loop,
+    read_routes,
+    read_templates,
+)
 from crossbar.config.tracing import TracingConfig, read_tracing
 from crossbar.config.units import format_size
 
@@ -414,6 +421,14 @@ def parse_config(
         check_route_links(errors, f"routes.{name}", route, host_models, exists)
     for template in templates:
         check_route_links(errors, f"templates.{template.name}", template.route, host_models, exists)
+    for name, route in routes.items():
+        loop = fallback_loop(route, config.route)
+        if loop is not None:
+            errors.add(
+                f"routes.{name}.fallbacks",
+                f"a loop of fallbacks ({' -> '.join(loop)}): a fallback route's own fallbacks "
+                "are never followed; list every route to try on the first one",
+            )
     _check_key_links(errors, config)
     if server.default_route and not exists(server.default_route):
         errors.add("server.default_route", f"unknown route {quote(server.default_route)}")

@@ -35,6 +35,7 @@ class Call:
     origin: str | None  # the host of the running completion a control call names
     need: int = 0  # prompt tokens expected (estimated from its characters), for placement
     opening: str = ""  # what its prompt begins with, hashed (fingerprint.opening_digest)
+    fallback_from: str = ""  # the route it came for, when this is a fallback route's attempt
 
     @property
     def conversation(self) -> bool:

@@ -20,7 +20,10 @@ from crossbar.wire import HeaderReader, forbidden
 METHODS = b"GET, POST, OPTIONS"
 # Chromium caps a preflight's cache at two hours; longer would only be ignored.
 MAX_AGE = b"7200"
-EXPOSED = b"X-Crossbar-Host, X-Crossbar-Lease, X-Crossbar-Queue-Ms, X-Crossbar-Key, Retry-After"
+EXPOSED = (
+    b"X-Crossbar-Host, X-Crossbar-Lease, X-Crossbar-Queue-Ms, X-Crossbar-Key, X-Crossbar-Fallback, "
+    b"Retry-After"
+)
 # Allowed when the preflight names no headers. `*` would not cover Authorization (Fetch spec),
 # so the names a preflight asks for are granted by name instead.
 _BASE_HEADERS = b"Authorization, Content-Type, X-Api-Key, X-Crossbar-Conversation"

@@ -24,10 +24,20 @@ from twisted.web.server import NOT_DONE_YET
 from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, LeaseError, NoHost
-from crossbar.limiter import Limiter, Work
+from crossbar.limiter import Limiter, Release, Work
 from crossbar.proxy import cors, pace, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
+from crossbar.proxy.fallback import (
+    HOST_BUSY,
+    HOST_REFUSED,
+    NO_HOST,
+    CannotServe,
+    cannot_serve,
+    fallback_call,
+    fallback_model,
+    may_fall_back,
+)
 from crossbar.proxy.fingerprint import conversation
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
@@ -64,6 +74,7 @@ from crossbar.wire import (
     limit_output,
     not_found,
     prepare,
+    read_body,
     renamed_body,
     request_body,
     unavailable,
@@ -75,6 +86,7 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
+_BUSY = (429, 503)  # a host's answers that say "not now": a fallback route may serve instead
 
 
 class TurnGate(Protocol):
@@ -111,6 +123,17 @@ def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
         return None
     shown = "/slots/{id}" if path.startswith("/slots/") else path
     return "/r/{route}" + shown if raw_path.startswith("/r/") else shown
+
+
+def _host_message(body: bytes) -> str:
+    """What a host's error body says (its `error.message`, or the start of its text)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:200].decode("utf-8", "replace").strip()
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message[:200] if isinstance(message, str) else ""
 
 
 def _query(uri: bytes) -> str:
@@ -307,14 +330,85 @@ class ProxyResource(Resource):
         gate = self._gate  # a move of the conversation may be under way
         await gate.wait_for_move(call.key)
         charged: list[Reservation] = []
+        served = call
         try:
-            with gate.in_flight(call.key):
-                await self._forward(request, call, ex, key, charged)
+            try:
+                with gate.in_flight(call.key):
+                    await self._forward(request, call, ex, key, charged)
+            except CannotServe as cannot:
+                served = await self._fall_back(request, call, ex, key, charged, cannot)
         finally:
             # What was delivered, however the answer ended (an answer relayed whole settled
             # already, before its request finished: a no-op then).
             self._settle(charged, ex.tokens)
-        gate.answered(call.key, ex, call.inbound)
+        gate.answered(served.key, ex, served.inbound)
+
+    async def _fall_back(
+        self,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        key: ClientKey | None,
+        charged: list[Reservation],
+        cannot: CannotServe,
+    ) -> Call:
+        """`call`'s route could not serve it (`cannot`): its fallback routes are tried in
+        order, each as its own request would go there (a lease of the conversation's own, its
+        queue, its hosts); the call that served, or `cannot`'s error when none did. The
+        conversation's lease at home stays where it is: its next turn tries home first."""
+        first = call.route.name
+        for name in call.route.fallbacks:
+            fallback = self._fallback_call(request, call, ex, key, name)
+            if fallback is None:
+                continue
+            ex.route, ex.model, ex.fallback_from, ex.fallback_reason = (
+                name,
+                fallback.model,
+                first,
+                cannot.reason,
+            )
+            ex.host = ex.lease = ex.error = ""
+            request.responseHeaders.setRawHeaders(b"X-Crossbar-Fallback", [name.encode()])
+            if ex.trace is not None:
+                ex.trace.fell_back(name, cannot.reason)
+            gate = self._gate
+            try:
+                await gate.wait_for_move(fallback.key)
+                with gate.in_flight(fallback.key):
+                    await self._forward(request, fallback, ex, key, charged)
+            except CannotServe:
+                continue  # this one cannot either: the next
+            return fallback
+        ex.route, ex.model, ex.fallback_from, ex.fallback_reason = first, call.model, "", ""
+        request.responseHeaders.removeHeader(b"X-Crossbar-Fallback")
+        raise cannot.error
+
+    def _fallback_call(
+        self, request: Any, call: Call, ex: Exchange, key: ClientKey | None, name: str
+    ) -> Call | None:
+        """`call` as fallback route `name` would take it, or None where it may not: no such
+        route, one the request's key does not cover (or one that needs a key it lacks), or
+        no model there for it."""
+        route = self._config.route(name)
+        if route is None or route.name == call.route.name:
+            return None
+        book = self._tenants.book if self._tenants is not None else None
+        authorization, api_key = credentials(request.requestHeaders)
+        try:
+            authenticate(route, book, authorization, api_key, self._clock.seconds())
+        except KeyRefused:
+            return None  # a key falls back only to routes it covers
+        serving = self._hosts.serving(route)
+        inbound = call.inbound
+        model = fallback_model(route, serving.models, inbound.body, inbound.query, call.model)
+        if not model:
+            return None
+        try:
+            check_model_scope(key, route, model)
+        except KeyRefused:
+            return None
+        need = round(ex.prompt_chars * self._guard.ratio(model))
+        return fallback_call(call, route, model, ex.fp, serving.candidates(model), need)
 
     def _settle(self, charged: list[Reservation], tokens: Tokens) -> None:
         """Charge the key what the answer really cost, in place of its estimate."""
@@ -438,6 +532,7 @@ class ProxyResource(Resource):
                 if trace is not None:
                     trace.failed(failure.reason.replace(" ", "_"))
                 ex.error = f"upstream {failure.reason}"
+                error = for_exception(failure, self._where(call, host))
                 if failure.connecting and not failure.blameless:
                     ejected = self._hosts.passive_failure(host, failure.reason, call.candidates)
                     if ejected and call.kind is Kind.INFERENCE and failed is None:
@@ -445,10 +540,14 @@ class ProxyResource(Resource):
                         # acquire. A request is tried on at most two hosts in all.
                         failed = (host, failure)
                         continue
-                raise for_exception(failure, self._where(call, host)) from None
+                    raise cannot_serve(call, acquired.pinned, HOST_REFUSED, error) from None
+                raise error from None
             except BaseException:
                 release()
                 raise
+            if response.code in _BUSY and may_fall_back(call, acquired.pinned):
+                # Busy before any byte reached the client: a fallback may serve it.
+                raise await self._busy(call, ex, host, response, release)
             try:
                 await self._relay(request, call, ex, response, work, charged)
             finally:
@@ -489,14 +588,38 @@ class ProxyResource(Resource):
             queued=self._limiter.queued(host, call.model) if host else 0,
         )
 
+    async def _busy(
+        self, call: Call, ex: Exchange, host: str, response: Any, release: Release
+    ) -> CannotServe:
+        """The host answered 429 or 503 before any byte went to the client: its answer is
+        read (the connection stays good) and kept as the error the client gets if no fallback
+        serves the request."""
+        try:
+            body = await read_body(response)
+        finally:
+            release()
+        ex.error = f"host answered {response.code}"
+        retry = response.headers.getRawHeaders(b"retry-after")
+        headers = {"Retry-After": retry[-1].decode("latin-1")} if retry else {}
+        kind = "rate_limit_error" if response.code == 429 else "unavailable_error"
+        said = _host_message(body)
+        error = ClientError(
+            response.code,
+            kind,
+            f"host {host} is busy ({response.code}" + (f": {said})" if said else ")"),
+            headers=headers,
+        )
+        return CannotServe(HOST_BUSY, error)
+
     async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
         """The host for this call (placement.py), lease errors in the caller's terms."""
         try:
             return await self._placement.place(call)
         except NoHost as e:
             if failed is not None:  # the host that just failed was the last one left
-                raise for_exception(failed[1], self._where(call, failed[0])) from None
-            raise for_exception(e, self._where(call)) from None
+                error = for_exception(failed[1], self._where(call, failed[0]))
+                raise cannot_serve(call, False, HOST_REFUSED, error) from None
+            raise cannot_serve(call, False, NO_HOST, for_exception(e, self._where(call))) from None
         except LeaseError as e:
             raise for_exception(e, self._where(call)) from None
 

@@ -8,18 +8,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from crossbar.leases import Acquired
-from crossbar.limiter import Limiter, LimiterError, Release, Work
+from crossbar.limiter import Limiter, LimiterError, QueueFull, Release, Work
 from crossbar.proxy import pace, traced
 from crossbar.proxy.call import Call
+from crossbar.proxy.fallback import QUEUE_FULL, WAITED, cannot_serve, may_fall_back
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception
 from crossbar.proxy.valve import Placed, Turn, Valve
 from crossbar.tenants import ClientKey, Tenants
-from crossbar.wire import Exchange, Kind
+from crossbar.wire import Exchange, Kind, unavailable
 
 
 def _noop() -> None:
@@ -58,8 +59,10 @@ class SlotStep:
         """A slot for `call` on its host, or on the host the valve moves it to (not when the
         valve has `judged` this turn already): the release, the host, and the work it brings
         there. `exact`: the guard's count of the prompt, if it made one; `where` says where a
-        refusal happened. Raises the limiter's refusals in the caller's terms, and the valve's
-        Replace when it found the lease gone elsewhere."""
+        refusal happened. Raises the limiter's refusals in the caller's terms (a full queue as
+        fallback.CannotServe where a fallback route may take the request, and so a wait past
+        the route's `fallback_after`), and the valve's Replace when it found the lease gone
+        elsewhere."""
         host = acquired.host
         if call.kind is not Kind.INFERENCE:
             return _noop, host, None  # control calls take neither a slot nor a queue place
@@ -72,6 +75,8 @@ class SlotStep:
         if not call.route.queues():
             return limiter.track(host, call.model, call.route.limits, work), host, work
         waited = self._clock.seconds()
+        gave_way: list[bool] = []  # the wait passed fallback_after and was given up
+        timer = None
         try:
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
             pending = limiter.acquire(host, call.model, call.route.limits, tenant, work)
@@ -81,13 +86,35 @@ class SlotStep:
             else:
                 turn = Turn(call, host, work, prompt, warm, tenant, waited)
                 slot = Deferred.fromCoroutine(valve.wait(turn, pending))
+            after = call.route.fallback_after
+            if after is not None and not slot.called and may_fall_back(call, acquired.pinned):
+
+                def give_way() -> None:
+                    gave_way.append(True)
+                    slot.cancel()  # its place in the queue is given back
+
+                timer = self._clock.callLater(after, give_way)
             if ex.trace is None:
                 placed = await slot
             else:
                 placed = await traced.queue(ex.trace, slot, limiter, call, host, self._clock)
         except LimiterError as e:
-            raise for_exception(e, where(host)) from None
+            error = for_exception(e, where(host))
+            if isinstance(e, QueueFull):
+                raise cannot_serve(call, acquired.pinned, QUEUE_FULL, error) from None
+            raise error from None
+        except CancelledError:
+            if not gave_way:
+                raise  # the client left
+            error = unavailable(
+                f"no slot on route {call.route.name!r} within its fallback_after, and no "
+                "fallback route could take the request; try again shortly",
+                retry_after=5,
+            )
+            raise cannot_serve(call, acquired.pinned, WAITED, error) from None
         finally:
+            if timer is not None and timer.active():
+                timer.cancel()
             ex.queue_ms += (self._clock.seconds() - waited) * 1000
         verdict = placed.verdict
         if verdict is not None:

@@ -181,6 +181,8 @@ class UsageRecorder:
             lease=ex.lease,
             error=ex.error,
             key=ex.key,
+            fallback_from=ex.fallback_from,
+            fallback_reason=ex.fallback_reason,
         )
 
     def _write(self, row: UsageRow) -> None:

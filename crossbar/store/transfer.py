@@ -48,7 +48,7 @@ _TABLES = (
     _Table("usage", ("at", "route", "fp", "model", "host", "path", "status", "stream",
                      "prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms",
                      "ttfb_ms", "duration_ms", "lease", "error"), "id", "usage rows",
-           added=(("key", 5),)),
+           added=(("key", 5), ("fallback_from", 6), ("fallback_reason", 6))),
     _Table("usage_minutes", ("minute", "route", "host", "model", "requests", "errors",
                              "prompt_tokens", "cached_tokens", "completion_tokens"),
            "minute, route, host, model", "per-minute usage sums", since=3, added=(("key", 5),)),

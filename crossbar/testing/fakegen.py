@@ -14,7 +14,14 @@ from zope.interface import implementer
 
 from crossbar.testing.fakeanthropic import AnthropicFormat, anthropic_messages
 from crossbar.testing.fakeformat import FORMATS, Format, Job, Outcome
-from crossbar.testing.fakehttp import ApiError, bad_request, send_json, server_error, sse_event
+from crossbar.testing.fakehttp import (
+    ApiError,
+    bad_request,
+    busy_error,
+    send_json,
+    server_error,
+    sse_event,
+)
 from crossbar.testing.fakestate import Completion, Fake
 from crossbar.testing.faketokens import render_chat, reply_pieces, responses_messages, split_pieces
 from crossbar.testing.faketools import TOOL_FORMATS, planned_call
@@ -262,6 +269,8 @@ async def infer(fake: Fake, request: Request, path: str, body: dict[str, Any]) -
             await Deferred()  # accepted, never answered; the client's leaving cancels this
         if fake.faults.error_500:
             raise server_error()
+        if fake.faults.busy is not None:
+            raise busy_error(fake.faults.busy)
         job = parse_job(fake, path, body)
         await _run(fake, request, job)
     finally:

@@ -41,6 +41,11 @@ def server_error(message: str = "fake llama-server: error_500 fault is on") -> A
     return ApiError(500, message, "server_error")
 
 
+def busy_error(status: int) -> ApiError:
+    """What a server whose own queue is full answers (429 or 503)."""
+    return ApiError(status, "fake llama-server: busy fault is on", "unavailable_error")
+
+
 def send_json(request: Request, body: Any, status: int = 200) -> None:
     """Answer with `body` as JSON and finish the request."""
     data = json.dumps(body).encode()

@@ -59,6 +59,11 @@ def _chunks(_: object, attribute: Attribute[Any], value: object) -> None:
         raise ValueError(f"{attribute.name} must be null or a count >= 0, not {value!r}")
 
 
+def _busy(_: object, attribute: Attribute[Any], value: object) -> None:
+    if value is not None and value not in (429, 503):
+        raise ValueError(f"{attribute.name} must be null, 429 or 503, not {value!r}")
+
+
 def _refuse_changed(faults: Faults, _: Attribute[Any], value: bool) -> bool:
     # The listener has to follow this switch; the owner is told the new value (the attribute
     # still holds the old one while this hook runs).
@@ -75,6 +80,8 @@ class Faults:
     - `refuse`: stop listening and drop open connections (a dead host); off listens again on
       the same port. `await fake.settle()` waits until the listener has followed.
     - `error_500`: inference answers 500.
+    - `busy`: inference answers this status at once (429 or 503), as a
+      server whose own queue is full does; `/health` still answers 200.
     - `hang`: inference requests are accepted and never answered, not even headers (a stuck
       generation); `/health` and the control paths still answer.
     - `drop_after_chunks`: a stream is cut (TCP close, no terminating chunk) after N SSE
@@ -88,6 +95,7 @@ class Faults:
         default=False, validator=_switch, on_setattr=setters.pipe(setters.validate, _refuse_changed)
     )
     error_500: bool = field(default=False, validator=_switch)
+    busy: int | None = field(default=None, validator=_busy)
     hang: bool = field(default=False, validator=_switch)
     drop_after_chunks: int | None = field(default=None, validator=_chunks)
     stall_after_chunks: int | None = field(default=None, validator=_chunks)

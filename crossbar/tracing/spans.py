@@ -335,6 +335,13 @@ class RequestTrace:
             if self._method != "_OTHER":
                 span.update_name(f"{self._method} {template}")
 
+    def fell_back(self, route: str, reason: str) -> None:
+        """The request's route could not serve it (`reason`): fallback `route` is tried."""
+        span = self.span
+        if span.is_recording():
+            span.set_attribute("crossbar.fallback.route", route)
+            span.set_attribute("crossbar.fallback.reason", reason)
+
     def start(self, name: str, attributes: dict[str, Any] | None = None) -> Span:
         """A step's span under the SERVER span."""
         return self._tracing.start(name, self.context, SpanKind.INTERNAL, attributes)

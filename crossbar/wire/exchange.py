@@ -29,5 +29,9 @@ class Exchange:
     tokens: Tokens = field(factory=Tokens)
     error: str = ""
     key: str = ""  # the named client key that sent it ("" none)
+    # Set when a fallback route serves it (`route` is then that route): the route it came
+    # for, and why that one could not serve it.
+    fallback_from: str = ""
+    fallback_reason: str = ""
     # The request's spans (tracing.RequestTrace) when tracing is on; None costs nothing.
     trace: Any = None
