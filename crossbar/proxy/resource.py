@@ -28,7 +28,7 @@ from crossbar.limiter import Limiter, Work
 from crossbar.proxy import cors, pace, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
-from crossbar.proxy.fingerprint import conversation
+from crossbar.proxy.fingerprint import conversation, scoped
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.proxy.placement import Placement
@@ -296,7 +296,7 @@ class ProxyResource(Resource):
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
-        call = self._understand(request, ex, target, kind)
+        call = self._understand(request, ex, target, kind, key.name if key is not None else "")
         try:
             check_model_scope(key, route, call.model)
         except KeyRefused as e:
@@ -322,14 +322,19 @@ class ProxyResource(Resource):
         for reservation in charged:
             reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
 
-    def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
-        """Body, model, fingerprint and lease key of a request for a host."""
+    def _understand(
+        self, request: Any, ex: Exchange, target: Target, kind: Kind, tenant: str
+    ) -> Call:
+        """Body, model, fingerprint and lease key of a request for a host; `tenant` the named
+        key's name ("" for none), which scopes the fingerprint."""
         try:
-            return self._read_call(request, ex, target, kind)
+            return self._read_call(request, ex, target, kind, tenant)
         except RecursionError:
             raise bad_request("the request body is nested too deeply to be read") from None
 
-    def _read_call(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
+    def _read_call(
+        self, request: Any, ex: Exchange, target: Target, kind: Kind, tenant: str
+    ) -> Call:
         config = self._config
         route, dialect, method, path = target.route, target.dialect, target.method, target.path
         raw = request.body
@@ -348,7 +353,8 @@ class ProxyResource(Resource):
         ex.model = model = choose_model(route, serving.models, body, query)
         candidates = serving.candidates(model)
         chars, inference = config.server.fingerprint_chars, kind is Kind.INFERENCE
-        ex.fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
+        fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
+        ex.fp = scoped(fp, tenant)
         if inference:
             ex.prompt_chars = dialect.prompt_chars(body)
         origin = None
