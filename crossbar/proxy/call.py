@@ -35,6 +35,9 @@ class Call:
     origin: str | None  # the host of the running completion a control call names
     need: int = 0  # prompt tokens expected (estimated from its characters), for placement
     opening: str = ""  # what its prompt begins with, hashed (fingerprint.opening_digest)
+    # The fingerprint before a named key scoped it (fingerprint.scoped): the key a version
+    # without scoping gave the conversation ("" when it is key.fp, or there is none).
+    unscoped: str = ""
 
     @property
     def conversation(self) -> bool:

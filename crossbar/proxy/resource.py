@@ -355,6 +355,7 @@ class ProxyResource(Resource):
         chars, inference = config.server.fingerprint_chars, kind is Kind.INFERENCE
         fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
         ex.fp = scoped(fp, tenant)
+        unscoped = fp if ex.fp != fp else ""
         if inference:
             ex.prompt_chars = dialect.prompt_chars(body)
         origin = None
@@ -363,14 +364,18 @@ class ProxyResource(Resource):
             remembered = self._ids.lookup(named, self._clock.seconds())
             if remembered is not None:
                 if remembered.fp:
-                    ex.fp = remembered.fp  # a Responses chain is its first response's conversation
+                    # a Responses chain is its first response's conversation
+                    ex.fp, unscoped = remembered.fp, ""
                 # A control call acts on one running completion: it goes where that runs,
                 # pinned route or not. A Responses chain only takes its conversation's lease.
                 if kind is Kind.CONTROL and remembered.host in candidates:
                     origin = remembered.host
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
         need = round(ex.prompt_chars * self._guard.ratio(model))
-        return Call(route, dialect, kind, inbound, model, key, candidates, origin, need, opening)
+        unscoped = unscoped if key.fp else ""
+        return Call(
+            route, dialect, kind, inbound, model, key, candidates, origin, need, opening, unscoped
+        )
 
     # -- the way to a host and back
 

@@ -1,6 +1,7 @@
 """A session id is the conversation of the key that sends it: two named keys sending one session
 id (or one opening) get a lease each, and the lease headers say so; a request with no named key
-is fingerprinted as ever."""
+is fingerprinted as ever; and after the upgrade that scoped fingerprints, a conversation whose
+lease was made under its old fingerprint makes a new lease on that same host, warm."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ from typing import Any
 import openai
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
+from crossbar.leases.types import Change, Key, Lease, State
 from crossbar.proxy.fingerprint import fingerprint
+from crossbar.records import LeaseEvent
 from crossbar.wire import OPENAI_CHAT
 from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, wait
+from tests.support.lease_fakes import open_store
 
 ANN = "sk-ann-5f0c1d2e3b4a"
 BEN = "sk-ben-9e8d7c6b5a40"
@@ -126,3 +131,54 @@ async def test_a_request_with_no_named_key_keeps_its_fingerprint_and_its_lease(c
         second = await turn(send(crossbar, route, key, "Second client.", **session()))
         assert second == ("reused", host)
         assert leases(crossbar, route) == {unscoped(): host}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_named_key_never_lands_on_a_lease_made_since_start_without_a_key(crossbar):
+    assert await turn(send(crossbar, "open", "no-key", **session())) == ("new", "titan")
+    assert await turn(send(crossbar, "open", ANN, **session())) == ("new", "atlas")
+    assert sorted(leases(crossbar, "open").values()) == ["atlas", "titan"]
+
+
+async def store_with_old_lease(path: str, host: str, created: float) -> Lease:
+    """A store as a version before scoping left it: the session's lease under its old key."""
+    key = Key("team", unscoped(), MODEL)
+    old = Lease(key, host, State.ACTIVE, created=created, last_used=created)
+    event = LeaseEvent(created, key.route, key.fp, key.model, "", host, "new")
+    store = await open_store(path)
+    try:
+        await store.write(Change(save=[old], events=[event], expect=(key, "")))
+    finally:
+        await store.close()
+    return old
+
+
+@pytest_twisted.ensureDeferred
+async def test_after_the_upgrade_a_conversation_makes_a_new_lease_on_its_old_host(tmp_path):
+    db = str(tmp_path / "crossbar.db")
+    # On atlas, where the chooser would not put a new conversation (titan holds nothing).
+    old = await store_with_old_lease(db, "atlas", reactor.seconds() - 60)
+    running = await start({"db": db})
+    try:
+        assert running.parts.table.lease(old.key) == old
+        first = await turn(send(running, "team", ANN, **session()))
+        assert first == ("new", "atlas")  # a lease of its own, on the host that holds it warm
+        assert await turn(send(running, "team", ANN, **session())) == ("reused", "atlas")
+        held = leases(running, "team")
+        assert len(held) == 2 and set(held.values()) == {"atlas"}
+        # The old lease is left as it was, unused: the sweep expires it after lease_idle.
+        assert running.parts.table.lease(old.key) == old
+    finally:
+        await running.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_after_the_upgrade_an_old_lease_on_a_draining_host_is_not_followed(tmp_path):
+    db = str(tmp_path / "crossbar.db")
+    await store_with_old_lease(db, "atlas", reactor.seconds() - 60)
+    running = await start({"db": db})
+    try:
+        await running.parts.hosts.drain("atlas")
+        assert await turn(send(running, "team", ANN, **session())) == ("new", "titan")
+    finally:
+        await running.stop()
