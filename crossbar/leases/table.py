@@ -203,11 +203,14 @@ class Table:
         now: float,
         peers: Sequence[str] = (),
         need: int = 0,
+        warm: str | None = None,
     ) -> Acquired:
         """The host for a request with lease key `key`; `candidates` are the route's hosts
         serving the model, in config order; `peers` the routes whose hosts a new lease
-        prefers; `need` the tokens a new conversation is expected to keep warm. Raises
-        PinnedDown or NoHost."""
+        prefers; `need` the tokens a new conversation is expected to keep warm; `warm` a host
+        the conversation is known to be warm on with no lease of its own (its lease from
+        before an upgrade changed its key), which a new lease takes in place of the chooser's
+        pick when it is a healthy, non-draining candidate. Raises PinnedDown or NoHost."""
         if not key.model:
             raise ValueError("a lease key needs a model (fp == model == '' names a pin row)")
         candidates = tuple(candidates)
@@ -219,7 +222,9 @@ class Table:
             reused = memory.reused_at_once(key, candidates, now, self._hosts, self._touch_every)
             if reused is not None:
                 return reused
-        return await self._locks.run(key, lambda: self._acquire(key, candidates, now, peers, need))
+        return await self._locks.run(
+            key, lambda: self._acquire(key, candidates, now, peers, need, warm)
+        )
 
     async def move(
         self, key: Key, host: str, now: float, reason: str, origin: str | None = None
@@ -290,16 +295,22 @@ class Table:
         return await self._locks.run(key, undone)
 
     async def _acquire(
-        self, key: Key, candidates: tuple[str, ...], now: float, peers: Sequence[str], need: int
+        self,
+        key: Key,
+        candidates: tuple[str, ...],
+        now: float,
+        peers: Sequence[str],
+        need: int,
+        warm: str | None,
     ) -> Acquired:
         # Another instance sharing the store may write the key between our decision and our
         # write; the write then fails, its row is taken into memory, and we decide again.
         for _ in range(_RETRIES):
             try:
-                return await self._decide(key, candidates, now, peers, need)
+                return await self._decide(key, candidates, now, peers, need, warm)
             except _Lost:
                 continue
-        return await self._decide(key, candidates, now, peers, need)
+        return await self._decide(key, candidates, now, peers, need, warm)
 
     async def _decide(
         self,
@@ -308,6 +319,7 @@ class Table:
         now: float,
         peers: Sequence[str],
         need: int = 0,
+        warm: str | None = None,
     ) -> Acquired:
         healthy, draining = self._hosts.healthy, self._hosts.draining
         lease = self._index.get(key)
@@ -345,9 +357,13 @@ class Table:
                 await self._place(key, parent.host, now, reason, origin)
                 return Acquired(parent.host, reused=True, pinned=False, born=not origin)
         # 4. Choose among healthy, non-draining candidates (the host a lease leaves is neither
-        # healthy nor a candidate); none: nothing changes.
+        # healthy nor a candidate); none: nothing changes. A new lease whose conversation is
+        # known warm on one of them goes there.
         usable = [h for h in candidates if healthy(h) and not draining(h)]
-        host = self._choose(usable, key.model, peers, need)
+        if lease is None and warm in usable:
+            host: str | None = warm
+        else:
+            host = self._choose(usable, key.model, peers, need)
         if host is None:
             raise NoHost(key.route, key.model)
         await self._place(key, host, now, reason, origin)

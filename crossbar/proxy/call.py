@@ -36,6 +36,9 @@ class Call:
     need: int = 0  # prompt tokens expected (estimated from its characters), for placement
     opening: str = ""  # what its prompt begins with, hashed (fingerprint.opening_digest)
     fallback_from: str = ""  # the route it came for, when this is a fallback route's attempt
+    # The fingerprint before a named key scoped it (fingerprint.scoped): the key a version
+    # without scoping gave the conversation ("" when it is key.fp, or there is none).
+    unscoped: str = ""
 
     @property
     def conversation(self) -> bool:

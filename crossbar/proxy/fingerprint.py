@@ -49,6 +49,16 @@ def conversation(
     return _digest("session", session), opening_digest(body, dialect, chars) if opening else ""
 
 
+def scoped(fp: str, tenant: str) -> str:
+    """The fingerprint a request of the named key `tenant` leases under: `fp` hashed with the
+    key's name, so two keys never share a lease, whatever session id or opening they send.
+    `fp` itself with no named key (anonymous routes, a route's own `keys`), and "" (the route
+    itself) stays "". `fp` is 16 hex chars, so `fp + tenant` reads one way only."""
+    if not fp or not tenant:
+        return fp
+    return _digest("tenant", fp + tenant)
+
+
 def session_id(header: HeaderReader, body: Any) -> str | None:
     """The session id the client sends (a header, else the body's `prompt_cache_key`)."""
     for name in SESSION_HEADERS:

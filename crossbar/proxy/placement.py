@@ -14,7 +14,11 @@ Which requests make which lease (docs/architecture.md, "Which requests make a le
   made, or by the host with a 4xx other than 408 and 429) is forgotten again (event reason
   `refused`): a request nobody could serve places nothing;
 - an answered turn tells the cache truth (leases/warmth.py): a conversation whose host evicted its
-  prefix is placed again at its next turn (event reason `cold`), as a new one would be.
+  prefix is placed again at its next turn (event reason `cold`), as a new one would be;
+- a named key's conversation with no lease of its own, whose fingerprint before the key scoped
+  it (fingerprint.scoped) has a lease made before this instance started (by a version that did
+  not scope it), gets a new lease on that lease's host if it can take new ones: the first turn
+  after the upgrade stays warm, and the old lease expires unused.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.hosts import Hosts
-from crossbar.leases import Acquired, Lease, Table, Warmth
+from crossbar.leases import Acquired, Key, Lease, Table, Warmth
 from crossbar.proxy.call import Call
 from crossbar.wire import Kind, Tokens
 
@@ -44,6 +48,7 @@ class Placement:
         self._hosts = hosts
         self._warmth = warmth
         self._clock = clock
+        self._started = clock.seconds()  # leases made before this were made without scoping
 
     @property
     def warmth(self) -> Warmth:
@@ -77,7 +82,20 @@ class Placement:
                 moved = await table.rehome(key, call.candidates, now, peers)
                 if moved is not None:
                     return moved
-        return await table.acquire(key, call.candidates, now, peers, call.need)
+        warm = self._unscoped_host(call)
+        return await table.acquire(key, call.candidates, now, peers, call.need, warm)
+
+    def _unscoped_host(self, call: Call) -> str | None:
+        """The host of the lease a version without tenant-scoped fingerprints made for this
+        conversation (under its unscoped fingerprint, before this instance started), when the
+        conversation has no lease of its own yet: its new lease goes there, warm."""
+        if not call.unscoped or self._table.lease(call.key) is not None:
+            return None
+        key = call.key
+        old = self._table.lease(Key(key.route, call.unscoped, key.model))
+        if old is None or old.created >= self._started:
+            return None  # none, or one this version made: an anonymous client's on an open route
+        return old.host
 
     def holder(self, call: Call) -> Lease | None:
         """The lease `call`'s key has now (before `place`), for `explain`."""

@@ -38,7 +38,7 @@ from crossbar.proxy.fallback import (
     fallback_model,
     may_fall_back,
 )
-from crossbar.proxy.fingerprint import conversation
+from crossbar.proxy.fingerprint import conversation, scoped
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.proxy.placement import Placement
@@ -319,7 +319,7 @@ class ProxyResource(Resource):
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
-        call = self._understand(request, ex, target, kind)
+        call = self._understand(request, ex, target, kind, key.name if key is not None else "")
         try:
             check_model_scope(key, route, call.model)
         except KeyRefused as e:
@@ -416,14 +416,19 @@ class ProxyResource(Resource):
         for reservation in charged:
             reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
 
-    def _understand(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
-        """Body, model, fingerprint and lease key of a request for a host."""
+    def _understand(
+        self, request: Any, ex: Exchange, target: Target, kind: Kind, tenant: str
+    ) -> Call:
+        """Body, model, fingerprint and lease key of a request for a host; `tenant` the named
+        key's name ("" for none), which scopes the fingerprint."""
         try:
-            return self._read_call(request, ex, target, kind)
+            return self._read_call(request, ex, target, kind, tenant)
         except RecursionError:
             raise bad_request("the request body is nested too deeply to be read") from None
 
-    def _read_call(self, request: Any, ex: Exchange, target: Target, kind: Kind) -> Call:
+    def _read_call(
+        self, request: Any, ex: Exchange, target: Target, kind: Kind, tenant: str
+    ) -> Call:
         config = self._config
         route, dialect, method, path = target.route, target.dialect, target.method, target.path
         raw = request.body
@@ -442,7 +447,9 @@ class ProxyResource(Resource):
         ex.model = model = choose_model(route, serving.models, body, query)
         candidates = serving.candidates(model)
         chars, inference = config.server.fingerprint_chars, kind is Kind.INFERENCE
-        ex.fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
+        fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
+        ex.fp = scoped(fp, tenant)
+        unscoped = fp if ex.fp != fp else ""
         if inference:
             ex.prompt_chars = dialect.prompt_chars(body)
         origin = None
@@ -451,14 +458,18 @@ class ProxyResource(Resource):
             remembered = self._ids.lookup(named, self._clock.seconds())
             if remembered is not None:
                 if remembered.fp:
-                    ex.fp = remembered.fp  # a Responses chain is its first response's conversation
+                    # a Responses chain is its first response's conversation
+                    ex.fp, unscoped = remembered.fp, ""
                 # A control call acts on one running completion: it goes where that runs,
                 # pinned route or not. A Responses chain only takes its conversation's lease.
                 if kind is Kind.CONTROL and remembered.host in candidates:
                     origin = remembered.host
         key = Key(route.name, "" if route.per_route() else ex.fp, model)
         need = round(ex.prompt_chars * self._guard.ratio(model))
-        return Call(route, dialect, kind, inbound, model, key, candidates, origin, need, opening)
+        unscoped = unscoped if key.fp else ""
+        return Call(
+            route, dialect, kind, inbound, model, key, candidates, origin, need, opening, unscoped
+        )
 
     # -- the way to a host and back
 

@@ -41,6 +41,38 @@ async def test_no_usable_host_raises_no_host_and_creates_and_writes_nothing(stor
     assert await story(store) == []
 
 
+@pytest_twisted.ensureDeferred
+async def test_a_new_lease_takes_the_host_its_conversation_is_warm_on_over_the_chooser(store):
+    table = await make_table(store)
+    await table.acquire(Key("convo", "f0", "m"), AB, 1.0)  # a, so the chooser would say b
+    assert await table.acquire(K, AB, 2.0, warm="a") == Acquired("a", reused=False, pinned=False)
+    assert (await story(store))[-1] == ("new", "convo", "f1", "", "a")
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_warm_host_that_is_down_draining_or_not_a_candidate_leaves_it_to_the_chooser(
+    store,
+):
+    hosts = FakeHosts(down={"a"}, drained={"c"})
+    table = await make_table(store, hosts)
+    for fp, warm in (("f1", "a"), ("f2", "c"), ("f3", "z")):
+        got = await table.acquire(Key("convo", fp, "m"), ["a", "b", "c"], 1.0, warm=warm)
+        assert got == Acquired("b", reused=False, pinned=False)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_warm_host_never_outranks_an_own_lease_the_route_lease_or_a_pin(store):
+    table = await make_table(store)
+    await table.acquire(K, AB, 1.0)  # own lease on a
+    assert await table.acquire(K, AB, 2.0, warm="b") == Acquired("a", reused=True, pinned=False)
+    await table.acquire(Key("convo", "", "m"), ["b", "a"], 2.0)  # the route lease: b
+    f2 = Key("convo", "f2", "m")
+    assert await table.acquire(f2, AB, 3.0, warm="a") == Acquired("b", reused=True, pinned=False)
+    await table.pin("convo", "b", 4.0)
+    f3 = Key("convo", "f3", "m")
+    assert await table.acquire(f3, AB, 5.0, warm="a") == Acquired("b", reused=False, pinned=True)
+
+
 # -- 2. the key's own lease -----------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from crossbar.proxy.fingerprint import SESSION_HEADERS, fingerprint
+from crossbar.proxy.fingerprint import SESSION_HEADERS, fingerprint, scoped
 from crossbar.wire.dialects import classify
 
 CHAT = "/v1/chat/completions"
@@ -174,3 +174,13 @@ def test_any_number_of_later_turns_keeps_the_fp(first, later):
         {"role": "assistant" if i % 2 == 0 else "user", "content": t} for i, t in enumerate(later)
     ]
     assert fp(no_headers, {"messages": msgs}, CHAT) == fp(no_headers, {"messages": grown}, CHAT)
+
+
+def test_a_named_key_scopes_a_fingerprint_and_no_key_leaves_it_as_it_was():
+    session = fp(headers(x_session_id="S"), {}, CHAT)
+    ann, ben = scoped(session, "ann"), scoped(session, "ben")
+    assert re.fullmatch(r"[0-9a-f]{16}", ann)
+    assert len({session, ann, ben}) == 3
+    assert scoped(session, "ann") == ann  # the same key, the same conversation
+    assert scoped(session, "") == session
+    assert scoped("", "ann") == ""  # "the route itself" stays the route itself
