@@ -468,7 +468,17 @@ class ProxyResource(Resource):
         need = round(ex.prompt_chars * self._guard.ratio(model))
         unscoped = unscoped if key.fp else ""
         return Call(
-            route, dialect, kind, inbound, model, key, candidates, origin, need, opening, unscoped
+            route,
+            dialect,
+            kind,
+            inbound,
+            model,
+            key,
+            candidates,
+            origin,
+            need,
+            opening,
+            unscoped=unscoped,
         )
 
     # -- the way to a host and back
