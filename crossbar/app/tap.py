@@ -33,8 +33,10 @@ def _die(lines: list[str], what: str) -> NoReturn:
 
 def makeService(options: Options) -> IService:
     """Load and validate the config and the store path, then build crossbar's service."""
+    from crossbar.app.malloc import fix_mmap_threshold
     from crossbar.app.service import make_service
 
+    fix_mmap_threshold()  # large request bodies go back to the system when they end
     try:
         config = load_config(options["config"])
     except ConfigError as e:
