@@ -7,7 +7,15 @@ from tests.support.harness import MODEL, start_fakes, turn
 from tests.support.routes import CONVO_AND_SOLO
 
 ROUTES = CONVO_AND_SOLO
-TEMPLATES = {"projects": {"match": "proj-*", "hosts": ["atlas"], "default_model": MODEL}}
+TEMPLATES = {
+    "projects": {
+        "match": "proj-*",
+        "hosts": ["atlas"],
+        "default_model": MODEL,
+        "fallbacks": ["solo"],
+        "fallback_after": "30s",
+    }
+}
 
 
 @pytest_twisted.async_yield_fixture
@@ -128,6 +136,8 @@ async def test_routes_lists_concrete_routes_and_template_routes_that_were_used(c
     assert routes[0]["template"] is None and routes[0]["leases"] == 1
     assert routes[1]["leases"] == 0 and routes[1]["requests"] == 0
     assert "keys" not in routes[0]
+    assert (alpha["fallbacks"], alpha["fallback_after"]) == (["solo"], 30.0)
+    assert (routes[0]["fallbacks"], routes[0]["fallback_after"]) == ([], None)
 
 
 @pytest_twisted.ensureDeferred
