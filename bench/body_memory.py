@@ -31,14 +31,13 @@ import argparse
 import json
 import os
 import sys
-import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from measure import cpu_seconds, crossbar_checkout, react, with_processes
+from measure import cpu_seconds, crossbar_checkout, react, start_fast_fake, with_processes
 from twisted.internet import defer, task
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.protocol import Protocol
@@ -46,12 +45,11 @@ from twisted.python.failure import Failure
 
 from crossbar.demo.launch import free_ports, wait_ready
 from crossbar.demo.plan import read_plan
-from crossbar.demo.processes import Processes, command, wait_for_line
+from crossbar.demo.processes import Processes, command
 
 MODEL = "qwen-coder"
 ROUTE = "bench"
 SLOTS = 64
-START_SECONDS = 30.0
 SAMPLE_SECONDS = 0.1
 PATH = f"/r/{ROUTE}/v1/chat/completions"
 MB = 1_000_000  # RSS is reported in MB (10^6 bytes); bodies are sized in MiB
@@ -387,15 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"crossbar from {crossbar_checkout(sys.executable)}", file=progress, flush=True)
 
     def body(processes: Processes, work: Path) -> int:
-        fake = processes.start(
-            "fake",
-            [
-                command("crossbar-fakellama"),
-                *("--port", "0", "--model", MODEL, "--parallel", str(SLOTS), "--ctx", "8192"),
-                *("--tokens-per-second", "0", "--reply-tokens", "16"),
-            ],
-        )
-        url = wait_for_line(fake, r" at (http://\S+)", time.monotonic() + START_SECONDS)[1]
+        _, url = start_fast_fake(processes, MODEL, SLOTS)
         listen, admin = free_ports(2)
         config = work / "bench.toml"
         config.write_text(

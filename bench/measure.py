@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
 from crossbar.demo.plan import DemoError
-from crossbar.demo.processes import Process, Processes
+from crossbar.demo.processes import Process, Processes, command, wait_for_line
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -153,6 +154,22 @@ def with_processes(name: str, body: Callable[[Processes, Path], int], keep: bool
         else:
             print(f"logs and configs kept in {work}", file=sys.stderr)
     return status
+
+
+def start_fast_fake(
+    processes: Processes, model: str, slots: int, reply_tokens: int = 16
+) -> tuple[Process, str]:
+    """A `crossbar-fakellama` that answers at once (`slots` slots, no token delay, short
+    replies), so crossbar's own cost dominates: its process and its URL once it listens."""
+    fake = processes.start(
+        "fake",
+        [
+            command("crossbar-fakellama"),
+            *("--port", "0", "--model", model, "--parallel", str(slots), "--ctx", "8192"),
+            *("--tokens-per-second", "0", "--reply-tokens", str(reply_tokens)),
+        ],
+    )
+    return fake, wait_for_line(fake, r" at (http://\S+)", time.monotonic() + 30.0)[1]
 
 
 # --- CPU of a process tree, from /proc ---------------------------------------------------------

@@ -27,7 +27,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from measure import BytesProducer, Reader, cpu_seconds, percentile, react, with_processes
+from measure import (
+    BytesProducer,
+    Reader,
+    cpu_seconds,
+    percentile,
+    react,
+    start_fast_fake,
+    with_processes,
+)
 from twisted.internet import defer
 from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.http_headers import Headers
@@ -299,15 +307,7 @@ def start(
     tracing: str = "",
 ) -> tuple[dict[str, str], Process]:
     """Start the fake, then crossbar in front of it; their URLs once crossbar answers."""
-    fake = processes.start(
-        "fake",
-        [
-            command("crossbar-fakellama"),
-            *("--port", "0", "--model", MODEL, "--parallel", str(SLOTS), "--ctx", "8192"),
-            *("--tokens-per-second", "0", "--reply-tokens", str(reply_tokens)),
-        ],
-    )
-    fake_url = wait_for_line(fake, r" at (http://\S+)", time.monotonic() + START_SECONDS)[1]
+    fake, fake_url = start_fast_fake(processes, MODEL, SLOTS, reply_tokens)
     listen, admin = free_ports(2)
     config = work / "bench.toml"
     config.write_text(
