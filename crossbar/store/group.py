@@ -99,14 +99,19 @@ def write_group(
     usage_sql: str,
     items: Sequence[tuple[Change | None, list[tuple] | None]],
 ) -> list[Written | None]:
-    """In the store's thread: every item in one transaction, results in order."""
+    """In the store's thread: every item in one transaction, results in order; the group's
+    usage rows, whoever submitted them, in one statement at its end (nothing reads them
+    before it commits, and a lease change never depends on them)."""
     if backend.begin_write:
         txn.execute(backend.begin_write)
     results: list[Written | None] = []
+    rows: list[tuple] = []
     for change, usage in items:
         if change is not None:
             results.append(write_change(txn, backend, instance, change, begin=False))
         else:
-            txn.executemany(usage_sql, usage or [])
+            rows += usage or ()
             results.append(None)
+    if rows:
+        txn.executemany(usage_sql, rows)
     return results

@@ -7,16 +7,26 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 from attrs import define, field
 
 # A JSON (non-stream) body is kept for parsing only up to this size; past it, usage is unknown.
 JSON_KEEP = 8 * 1024 * 1024
 # A JSON body larger than this (an embeddings batch, say) is not parsed whole on the reactor:
-# json.loads of 2.7 MB takes ~16 ms, a search for its `usage` and `timings` objects ~0.7 ms.
+# parsing 2.7 MB of JSON took ~16 ms, a search for its `usage` and `timings` objects ~0.7 ms.
 JSON_PARSE = 256 * 1024
 _USAGE_OBJECT = re.compile(rb'"(usage|timings)"\s*:\s*(\{(?:[^{}]|\{[^{}]*\})*\})')
 # A single SSE line longer than this is not parsed (and not kept).
 LINE_KEEP = 1024 * 1024
+
+
+def _loads(data: bytes) -> Any:
+    """JSON read by orjson (a quarter of the standard library's CPU), and what it refuses by
+    the standard library (NaN, integers past 64 bits): ValueError when neither reads it."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 @define
@@ -136,7 +146,7 @@ def _usage_objects(body: bytes) -> dict[str, Any]:
     found: dict[str, Any] = {}
     for match in _USAGE_OBJECT.finditer(body):
         try:
-            found.setdefault(match.group(1).decode(), json.loads(match.group(2)))
+            found.setdefault(match.group(1).decode(), _loads(match.group(2)))
         except ValueError:
             continue
     return found
@@ -207,7 +217,7 @@ class Meter:
         if not wanted:
             return
         try:
-            obj = json.loads(payload)
+            obj = _loads(payload)
         except ValueError:
             return
         self._take_id(obj)
@@ -242,7 +252,7 @@ class Meter:
             self.usage(_usage_objects(body), self.tokens)
             return
         try:
-            obj = json.loads(body)
+            obj = _loads(body)
         except ValueError:
             return
         self._take_id(obj)
