@@ -25,7 +25,10 @@ def test_the_build_line_names_the_compiled_modules_that_run_as_extension_modules
     compiled = build.extension_modules()
     assert set(compiled) <= set(build.COMPILED)
     if compiled:
-        assert build.describe() == f"compiled (mypyc, {len(compiled)} of {len(build.COMPILED)} modules)"
+        assert (
+            build.describe()
+            == f"compiled (mypyc, {len(compiled)} of {len(build.COMPILED)} modules)"
+        )
     else:
         assert build.describe().startswith("pure Python")
 
