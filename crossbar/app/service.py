@@ -26,6 +26,7 @@ from twisted.python.failure import Failure
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
+from crossbar import build
 from crossbar.app.systemd import Notifier, Watchdog, watchdog_period
 from crossbar.app.wiring import Parts, Reconfigurable, Sites, build_parts, make_sites
 from crossbar.cluster import FOLLOW_EVERY
@@ -165,11 +166,13 @@ class CrossbarService(MultiService):
                 Watchdog(self._notifier, self._watchdog, reactor).setServiceParent(self)
         self._install_sighup()
         log.info(
-            "crossbar listening on {listen} (admin {admin}); {hosts} hosts, {leases} leases",
+            "crossbar listening on {listen} (admin {admin}); {hosts} hosts, {leases} leases; "
+            "build {build}",
             listen=s.listen,
             admin=s.admin_listen,
             hosts=len(config.hosts),
             leases=len(parts.table),
+            build=build.describe(),
         )
 
     async def _listen(self, name: str, description: str, site: Any) -> IListeningPort:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from crossbar import build
 from crossbar.config import (
     Config,
     HostConfig,
@@ -99,7 +100,8 @@ def _route_line(config: Config, route: Route) -> str:
 def describe(config: Config) -> str:
     """The resolved server settings, hosts, routes and templates; secrets only as "set"."""
     s = config.server
-    out = [f"config {config.path or '(in memory)'}: ok", "", "server:"]
+    out = [f"config {config.path or '(in memory)'}: ok", f"crossbar build: {build.describe()}"]
+    out += ["", "server:"]
     token = "set" if s.admin_token else "unset (loopback only)"
     out.append(f"  listen {s.listen}; admin {s.admin_listen}; admin token {token}")
     out.append(f"  db {redact(s.db)}; default_route {s.default_route or '-'}")
