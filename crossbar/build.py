@@ -133,6 +133,10 @@ def compile_in_place() -> str:
         for path in _built():
             os.remove(path)
         return f"crossbar build: pure Python (the mypyc build failed; see {log})"
+    # setuptools copies an extension whose C code did not change (an edit to a comment, a
+    # touch) with its old time: stamp each as built now, so none looks older than its source.
+    for path in _extensions():
+        os.utime(path)
     return f"crossbar build: compiled (mypyc, {len(COMPILED)} modules, {took:.0f} s)"
 
 
