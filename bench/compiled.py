@@ -18,10 +18,16 @@ from twisted.internet.task import Clock
 
 from crossbar.admin.metrics import Metrics
 from crossbar.build import describe
+from crossbar.config import RouteLimits
 from crossbar.config.values import parse_config
 from crossbar.hosts import Hosts
+from crossbar.leases.journal import Journal
 from crossbar.leases.memory import LeaseMemory
+from crossbar.leases.table import Table
 from crossbar.leases.types import Key, Lease, State
+from crossbar.limiter.fairqueue import FairQueue
+from crossbar.limiter.slots import Limiter, Release
+from crossbar.limiter.types import Waiter
 from crossbar.proxy.routing import choose_model, credentials, split_route
 from crossbar.records import UsageRow
 from crossbar.wire.headers import RawHeaders
@@ -79,6 +85,56 @@ def lease_lookup() -> None:
         MEMORY.reused_at_once(key, ("titan",), 1.0, HEALTHY, 60.0)
 
 
+class _FirstHost:
+    def choose(self, candidates: list[str], model: str, **_: object) -> str:
+        return candidates[0]
+
+
+TABLE = Table(Journal(None, Clock()), HEALTHY, _FirstHost(), 3600.0)  # type: ignore[arg-type]
+TABLE.memory.load([Lease(k, "titan", State.ACTIVE, 0.0, 0.0) for k in KEYS])
+NEW_KEY = Key("convo", "f" * 16, MODEL)
+
+
+def table_peek() -> None:
+    for key in KEYS[:10]:
+        TABLE.peek(key, ("titan", "atlas"))
+    TABLE.peek(NEW_KEY, ("titan", "atlas"))
+
+
+LIMITER = Limiter(Clock(), lambda host, model: 1, queue_max=100, queue_timeout=60.0)
+LIMITS = [RouteLimits(name, weight=w) for name, w in (("convo", 1.0), ("batch", 2.0))]
+
+
+def _fired(d: Deferred[Release]) -> Release:
+    got: list[Release] = []
+    d.addCallback(got.append)
+    return got[0]
+
+
+def limiter_cycle() -> None:
+    first = _fired(LIMITER.acquire("titan", MODEL, LIMITS[0]))
+    admitted: list[Release] = []
+    for i in range(4):
+        LIMITER.acquire("titan", MODEL, LIMITS[i % 2]).addCallback(admitted.append)
+    first()
+    while admitted:  # each release admits the next waiter
+        admitted.pop()()
+    assert LIMITER.in_flight("titan", MODEL) == 0
+
+
+QUEUE: FairQueue[Waiter] = FairQueue(lambda name: LIMITS[name == "batch"])
+WAITERS = [Waiter(("convo", "batch")[i % 2], i, 0.0) for i in range(20)]
+for i, w in enumerate(WAITERS):
+    w.tenant = f"key{i % 3}"
+
+
+def fairqueue_cycle() -> None:
+    for w in WAITERS:
+        QUEUE.push(w)
+    while QUEUE.take(lambda route: True) is not None:
+        pass
+
+
 HOSTS = Hosts(CONFIG, Clock(), get=lambda url, headers: Deferred())
 METRICS = Metrics(CONFIG, None, HOSTS, None, None)  # type: ignore[arg-type]
 ROW = UsageRow(1.0, "convo", "f", MODEL, "titan", "/v1/chat/completions", 200, False,
@@ -94,6 +150,9 @@ CASES: list[tuple[str, Callable[[], None], int]] = [
     ("wire.headers: RawHeaders build, 3 reads, a remove, pairs", headers, 20000),
     ("proxy.routing: split_route + choose_model + credentials", routing, 20000),
     ("leases.memory: reused_at_once x10", lease_lookup, 5000),
+    ("leases.table: peek x10 held + 1 new", table_peek, 5000),
+    ("limiter.slots: 1 acquire, 4 queued (2 routes), 5 releases", limiter_cycle, 5000),
+    ("limiter.fairqueue: 20 push, take until empty", fairqueue_cycle, 5000),
     ("admin.metrics: Metrics.observe", metrics_observe, 20000),
 ]
 

@@ -22,14 +22,16 @@ from collections.abc import Sequence
 from types import ModuleType
 
 # Each kept because its microbenchmark gained when compiled (docs/performance.md, "The build").
-# Measured and left pure: proxy.routing (within the noise: its work is regexes and dict
-# lookups), admin.metrics (slower: prometheus_client's calls dominate), wire.meter (an attrs
-# class with eq=False fields fails at import), and the modules typed with zope interfaces
-# (proxy.channel, wire.relay, limiter.slots, proxy.usage, leases.table), which mypy does not
-# type-check without the mypy-zope plugin.
+# mypy reads the zope interfaces some are typed with (IReactorTime...) through the mypy-zope
+# plugin (pyproject.toml); an attrs class with `field(...)` defaults does not compile (fails at
+# import), so a compiled module's own classes are plain slotted ones. Measured and left pure:
+# proxy.routing (within the noise: its work is regexes and dict lookups), admin.metrics
+# (slower: prometheus_client's calls dominate).
 COMPILED = (
     "crossbar.wire.headers",
     "crossbar.leases.memory",
+    "crossbar.limiter.slots",
+    "crossbar.limiter.fairqueue",
 )
 
 PURE_ENV = "CROSSBAR_PURE"

@@ -30,8 +30,6 @@ from collections import Counter, deque
 from collections.abc import Callable, Hashable, Iterator
 from typing import Generic, Protocol, TypeVar
 
-from attrs import define, field
-
 from crossbar.config import RouteLimits
 
 SHARED_WEIGHT = 1.0
@@ -115,11 +113,13 @@ class _Keys(Generic[W]):
                 del self._tags[tenant]
 
 
-@define
 class _Line(Generic[W]):
-    weight: float
-    tag: float  # the start tag of this line's next admission
-    routes: dict[str, _Keys[W]] = field(factory=dict)  # each shared by key, else by arrival
+    __slots__ = ("routes", "tag", "weight")
+
+    def __init__(self, weight: float, tag: float) -> None:
+        self.weight = weight
+        self.tag = tag  # the start tag of this line's next admission
+        self.routes: dict[str, _Keys[W]] = {}  # each shared by key, else by arrival
 
     def head(self, eligible: Eligible) -> W | None:
         """The earliest waiter of an eligible route."""
@@ -133,11 +133,15 @@ class _Line(Generic[W]):
         return best
 
 
-@define
 class _Level(Generic[W]):
-    priority: int
-    vtime: float = 0.0  # the start tag of the level's latest admission
-    lines: dict[_LineKey, _Line[W]] = field(factory=dict)
+    __slots__ = ("lines", "priority", "vtime")
+
+    def __init__(
+        self, priority: int, vtime: float = 0.0, lines: dict[_LineKey, _Line[W]] | None = None
+    ) -> None:
+        self.priority = priority
+        self.vtime = vtime  # the start tag of the level's latest admission
+        self.lines: dict[_LineKey, _Line[W]] = {} if lines is None else lines
 
 
 class FairQueue(Generic[W]):
