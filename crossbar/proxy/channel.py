@@ -45,6 +45,7 @@ from zope.interface import implementer
 
 from crossbar.config import format_duration
 from crossbar.proxy.chunks import StrictChunks
+from crossbar.proxy.framing import framing, not_http, origin_form
 from crossbar.wire import ClientError, no_delay, phrase, pull_to_push, write_now
 
 MAX_LINE = 16384  # a request line or one header line
@@ -255,7 +256,7 @@ class ProxyChannel(Protocol):
         except httptools.HttpParserUpgrade:
             pass  # an Upgrade header: crossbar upgrades nothing, the request is plain HTTP
         except httptools.HttpParserError as e:
-            self._refuse(400, _not_http(e, parsed.headers))
+            self._refuse(400, not_http(e, parsed.headers))
             return
         headers = parsed.headers
         if len(headers) > MAX_HEADERS:
@@ -266,9 +267,7 @@ class ProxyChannel(Protocol):
             self._refuse(400, f"HTTP/{version} is not served: send HTTP/1.1")
             return
         self._version = b"HTTP/1.1" if version == "1.1" else b"HTTP/1.0"
-        why, length, chunked, tokens = _framing(headers, self._version)
-        if why is None:
-            why = _host(headers, self._version)
+        why, length, chunked, tokens = framing(headers, self._version)
         if why is not None:
             self._refuse(400, why)
             return
@@ -568,76 +567,6 @@ class ProxyChannel(Protocol):
         )
         self.loseConnection()
         self.site.refused(refusal, error.status, why)
-
-
-def _framing(
-    headers: list[tuple[bytes, bytes]], version: bytes
-) -> tuple[str | None, int, bool, set[bytes]]:
-    """(why the body's framing cannot be taken or None, its Content-Length, chunked, the
-    Connection tokens)."""
-    length, chunked, encodings, lengths = 0, False, 0, 0
-    tokens: set[bytes] = set()
-    for name, value in headers:
-        low = name.lower()
-        if low == b"content-length":
-            lengths += 1
-            length = int(value)  # llhttp took it: digits, and one value however repeated
-        elif low == b"transfer-encoding":
-            encodings += 1
-            if encodings > 1:
-                return "the request has more than one Transfer-Encoding header", 0, False, tokens
-            if version != b"HTTP/1.1":
-                shown = version.decode("latin-1")
-                return (
-                    f"Transfer-Encoding on an {shown} request: a chunked body needs HTTP/1.1",
-                    0,
-                    False,
-                    tokens,
-                )
-            if value.strip(b" \t").lower() != b"chunked":
-                shown = value.decode("latin-1")[:40]
-                return f"Transfer-Encoding {shown!r}: crossbar takes only chunked", 0, False, tokens
-            chunked = True
-        elif low == b"connection":
-            tokens.update(t.strip().lower() for t in value.split(b","))
-    if chunked and lengths:
-        return "a request may not have both Transfer-Encoding and Content-Length", 0, False, tokens
-    return None, length, chunked, tokens
-
-
-def _host(headers: list[tuple[bytes, bytes]], version: bytes) -> str | None:
-    """Why the request's Host header cannot be taken (RFC 9112, 3.2: an HTTP/1.1 request
-    has exactly one, an HTTP/1.0 request at most one), or None."""
-    hosts = sum(1 for name, _ in headers if name.lower() == b"host")
-    if hosts > 1:
-        return f"the request has {hosts} Host headers: send one"
-    if not hosts and version == b"HTTP/1.1":
-        return "an HTTP/1.1 request must have a Host header"
-    return None
-
-
-def origin_form(target: bytes) -> tuple[bytes, bytes | None]:
-    """The path and query of a request target, and the authority when it came in absolute
-    form (`http://host/path?query`, RFC 9112, 3.2.2), else None."""
-    scheme, sep, rest = target.partition(b"://")
-    if not sep or scheme.lower() not in (b"http", b"https"):
-        return target, None
-    cut = min((i for i in (rest.find(b"/"), rest.find(b"?")) if i >= 0), default=len(rest))
-    authority, path = rest[:cut], rest[cut:]
-    if not path.startswith(b"/"):
-        path = b"/" + path
-    return path, authority
-
-
-def _not_http(error: Exception, headers: list[tuple[bytes, bytes]]) -> str:
-    """Why llhttp refused a head, in a client's terms (the smuggling shapes by name)."""
-    names = {name.lower() for name, _ in headers}
-    if b"transfer-encoding" in names:
-        if b"content-length" in names:
-            return "a request may not have both Transfer-Encoding and Content-Length"
-        return "the request's Transfer-Encoding cannot be taken: crossbar takes only chunked"
-    detail = str(error).strip() or "unreadable head"
-    return f"the request is not valid HTTP/1.1 ({detail})"
 
 
 def _grouped(pairs: Sequence[Any]) -> list[tuple[bytes, list[bytes]]]:

@@ -55,6 +55,27 @@ def cannot_serve(call: Call, pinned: bool, reason: str, error: ClientError) -> E
     return CannotServe(reason, error) if may_fall_back(call, pinned) else error
 
 
+def host_busy(host: str, status: int, retry_after: list[bytes] | None, body: bytes) -> CannotServe:
+    """A host's 429 or 503 before any byte: why the request may fall back, and the error its
+    client gets when none serves it (the host's status, its message, its Retry-After)."""
+    headers = {"Retry-After": retry_after[-1].decode("latin-1")} if retry_after else {}
+    kind = "rate_limit_error" if status == 429 else "unavailable_error"
+    said = _host_message(body)
+    message = f"host {host} is busy ({status}" + (f": {said})" if said else ")")
+    return CannotServe(HOST_BUSY, ClientError(status, kind, message, headers=headers))
+
+
+def _host_message(body: bytes) -> str:
+    """What a host's error body says (its `error.message`, or the start of its text)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body[:200].decode("utf-8", "replace").strip()
+    error = data.get("error") if isinstance(data, dict) else None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message[:200] if isinstance(message, str) else ""
+
+
 def fallback_model(route: Route, served: list[str], body: Any, query: str, wanted: str) -> str:
     """The model fallback `route` is asked for: the one the client named, where the route
     serves it (its aliases included), else the model the first route resolved it to (`wanted`)

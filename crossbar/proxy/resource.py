@@ -29,13 +29,13 @@ from crossbar.proxy import cors, pace, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
 from crossbar.proxy.fallback import (
-    HOST_BUSY,
     HOST_REFUSED,
     NO_HOST,
     CannotServe,
     cannot_serve,
     fallback_call,
     fallback_model,
+    host_busy,
     may_fall_back,
 )
 from crossbar.proxy.fingerprint import conversation, scoped
@@ -123,17 +123,6 @@ def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
         return None
     shown = "/slots/{id}" if path.startswith("/slots/") else path
     return "/r/{route}" + shown if raw_path.startswith("/r/") else shown
-
-
-def _host_message(body: bytes) -> str:
-    """What a host's error body says (its `error.message`, or the start of its text)."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return body[:200].decode("utf-8", "replace").strip()
-    error = data.get("error") if isinstance(data, dict) else None
-    message = error.get("message") if isinstance(error, dict) else None
-    return message[:200] if isinstance(message, str) else ""
 
 
 def _query(uri: bytes) -> str:
@@ -620,17 +609,7 @@ class ProxyResource(Resource):
         finally:
             release()
         ex.error = f"host answered {response.code}"
-        retry = response.headers.getRawHeaders(b"retry-after")
-        headers = {"Retry-After": retry[-1].decode("latin-1")} if retry else {}
-        kind = "rate_limit_error" if response.code == 429 else "unavailable_error"
-        said = _host_message(body)
-        error = ClientError(
-            response.code,
-            kind,
-            f"host {host} is busy ({response.code}" + (f": {said})" if said else ")"),
-            headers=headers,
-        )
-        return CannotServe(HOST_BUSY, error)
+        return host_busy(host, response.code, response.headers.getRawHeaders(b"retry-after"), body)
 
     async def _place(self, call: Call, failed: tuple[str, UpstreamFailure] | None) -> Acquired:
         """The host for this call (placement.py), lease errors in the caller's terms."""
