@@ -24,7 +24,8 @@ from twisted.web.server import Request, Site
 from crossbar.config import Config
 from crossbar.proxy import cors
 from crossbar.proxy.channel import ProxyChannel
-from crossbar.proxy.request import BodyMemory, HeldBody, HoldsBody, ProxyRequest
+from crossbar.proxy.held import BodyMemory, HeldBody, HoldsBody
+from crossbar.proxy.request import ProxyRequest
 from crossbar.proxy.routing import split_route
 from crossbar.wire import (
     ClientError,
