@@ -112,39 +112,48 @@ def _port(url: str) -> int:
     return parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _unique(names: list[str]) -> list[str]:
-    """Names made unique in order: a name seen before gets `-2`, `-3`..."""
-    seen: set[str] = set()
+def _suffixed(name: str, n: int) -> str:
+    return f"{name[: _NAME_MAX - len(str(n)) - 1]}-{n}"
+
+
+def _unique(names: Sequence[str], reserved: frozenset[str] = frozenset()) -> list[str]:
+    """Names made unique in order: one taken before, or `reserved`, gets `-2`, `-3`..."""
+    taken = set(reserved)
     out = []
     for name in names:
         unique, n = name, 1
-        while unique in seen:
+        while unique in taken:
             n += 1
-            unique = f"{name[: _NAME_MAX - len(str(n)) - 1]}-{n}"
-        seen.add(unique)
+            unique = _suffixed(name, n)
+        taken.add(unique)
         out.append(unique)
     return out
 
 
+def _with_port(url: str) -> str:
+    return f"{_host_part(url)}-{_port(url)}"
+
+
+def _whole_with_port(url: str) -> str:
+    return f"{_full_host(url)}-{_port(url)}"
+
+
 def host_names(servers: Sequence[Server]) -> list[str]:
-    """Each server's host name, unique: the name given, else its host's own name (`gpu1`
-    for `http://gpu1.lan:8080`, `local` for this machine, `10-0-0-7` for an address), with
-    `-<port>` added where two would share one (`local-8081`, `local-8082`), then the whole
-    host name, then `-2`, `-3`."""
-    given = {s.name for s in servers if s.name}
-    steps = [
-        _host_part,
-        lambda url: f"{_host_part(url)}-{_port(url)}",
-        lambda url: f"{_full_host(url)}-{_port(url)}",
-    ]
-    names = [s.name or _host_part(s.url) for s in servers]
-    for step in steps[1:]:
-        counts = Counter(names)
+    """Each server's host name, unique: the name given (never changed), else its host's own
+    name (`gpu1` for `http://gpu1.lan:8080`, `local` for this machine, `10-0-0-7` for an
+    address), with `-<port>` where two would share one (`local-8081`, `local-8082`), then
+    the whole host name with the port, then `-2`, `-3`."""
+    given = frozenset(s.name for s in servers if s.name)
+    names = [_host_part(s.url) for s in servers]
+    for step in (_with_port, _whole_with_port):
+        counts = Counter(n for s, n in zip(servers, names, strict=True) if not s.name)
         names = [
-            name if s.name or (counts[name] == 1 and name not in given) else step(s.url)
-            for s, name in zip(servers, names, strict=True)
+            n if counts[n] == 1 and n not in given else step(s.url)
+            for s, n in zip(servers, names, strict=True)
         ]
-    return _unique(names)
+    automatic = _unique([n for s, n in zip(servers, names, strict=True) if not s.name], given)
+    unnamed = iter(automatic)
+    return [s.name or next(unnamed) for s in servers]
 
 
 def route_names(models: Sequence[str]) -> list[str]:

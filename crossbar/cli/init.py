@@ -15,7 +15,7 @@ import sys
 import tomllib
 from collections.abc import Mapping
 
-from crossbar.cli.draft import Ports, Server, base_url, draft, same_server
+from crossbar.cli.draft import Draft, Ports, Server, base_url, draft, same_server
 from crossbar.config import ConfigError, parse_config, valid_name
 
 TIMEOUT = 5.0  # seconds: an unreachable URL fails fast, a loaded llama-server answers in less
@@ -81,24 +81,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
 def run(args: argparse.Namespace) -> int:
     """The subcommand: 0 when the config was written."""
     try:
-        text, notes = make(args, os.environ)
+        written, notes = make(args, os.environ)
         for note in notes:
             print(f"crossbar init: {note}", file=sys.stderr)
         if args.output:
-            _write(args.output, text, args.force)
-            print(f"crossbar init: wrote {args.output}; next: crossbar check {args.output}",
-                  file=sys.stderr)  # fmt: skip
+            _write(args.output, written.text, args.force)
+            print(
+                f"crossbar init: wrote {args.output}: hosts {', '.join(written.hosts)}; routes "
+                f"{', '.join(written.routes)}; next: crossbar check {args.output}",
+                file=sys.stderr,
+            )
         else:
-            sys.stdout.write(text)
+            sys.stdout.write(written.text)
     except InitError as e:
         print(f"crossbar init: {e}", file=sys.stderr)
         return e.code
+    except KeyboardInterrupt:
+        print("crossbar init: interrupted; nothing written", file=sys.stderr)
+        return 130
     return 0
 
 
-def make(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, list[str]]:
-    """The config's text and the notes for the operator (URLs taken as one); InitError when
-    nothing is to be written."""
+def make(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Draft, list[str]]:
+    """The config and the notes for the operator (URLs taken as one); InitError when nothing
+    is to be written."""
     from crossbar.cli.survey import NotServing, key_envs, survey_all  # only init asks servers
 
     ports = _ports(args)
@@ -125,7 +131,7 @@ def make(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[str, lis
     ]
     written = draft(servers, ports, args.output or "config.toml")
     _check(written.text, [s.key_env for s in servers if s.key_env])
-    return written.text, notes
+    return written, notes
 
 
 def _ports(args: argparse.Namespace) -> Ports:

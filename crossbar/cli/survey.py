@@ -21,7 +21,7 @@ from urllib.error import HTTPError, URLError
 from urllib.parse import quote
 from urllib.request import HTTPRedirectHandler, ProxyHandler, Request, build_opener
 
-from attrs import frozen
+from attrs import field, frozen
 
 from crossbar.cli.draft import Model, Server
 from crossbar.hosts import parse_models, parse_props, status_reason
@@ -38,7 +38,7 @@ class KeyEnv:
     """An `--api-key-env` variable: its name and its value here ("" when unset)."""
 
     name: str
-    value: str
+    value: str = field(repr=False)
 
 
 class _NoRedirects(HTTPRedirectHandler):
@@ -98,7 +98,7 @@ def _refusal(path: str, status: int, body: bytes) -> NotServing:
             f"GET {path} answered {said}: still loading its model? run init again once "
             "its /health answers 200"
         )
-    if status in (404, 405, 501):
+    if status in (404, 405, 501) or 300 <= status < 400:  # a llama-server never redirects
         return NotServing(f"not a llama-server: GET {path} answered {said}")
     return NotServing(f"GET {path} answered {said}")
 
@@ -214,6 +214,8 @@ def survey_all(
             return survey(url, keys, timeout)
         except NotServing as e:
             return e
+        except Exception as e:  # what no rule above foresaw is still one line, not a traceback
+            return NotServing(f"unexpected: {e.__class__.__name__}: {e}")
 
     with ThreadPoolExecutor(max_workers=max(1, min(16, len(urls)))) as pool:
         return list(pool.map(one, urls))

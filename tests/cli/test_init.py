@@ -15,6 +15,7 @@ from twisted.internet.threads import deferToThread
 from twisted.web.pages import notFound
 from twisted.web.resource import Resource
 from twisted.web.server import Site
+from twisted.web.util import Redirect
 
 from crossbar.cli.main import main
 from crossbar.config import load_config
@@ -217,12 +218,14 @@ async def test_a_server_that_is_no_llama_server_is_named_with_what_it_answered(w
     missing = web(notFound())  # 404, an HTML page, to every path
     html = web(Answer(b"<!DOCTYPE html><html><body>My wiki</body></html>", b"text/html"))
     plain = web(Answer(b'{"status": "ok"}', b"application/json"))  # a web API
-    code, out, err = await init(missing, html, plain)
+    login = web(Redirect(b"/login"))  # a redirect, never followed
+    code, out, err = await init(missing, html, plain, login)
     assert (code, out) == (1, "")
     assert err.splitlines()[1:] == [
         f"  {missing}: not a llama-server: GET /props answered status 404 with an HTML page",
         f"  {html}: not a llama-server: GET /props answered an HTML page",
         f"  {plain}: not a llama-server: its /props has no default_generation_settings",
+        f"  {login}: not a llama-server: GET /props answered status 302 with an HTML page",
     ]
 
 
@@ -262,7 +265,9 @@ async def test_an_existing_output_file_is_kept_unless_forced(fakes, tmp_path):
     assert path.read_text() == "# mine\n"
     code, _, err = await init(fake.url, "-o", str(path), "--force")
     assert code == 0
-    assert err == f"crossbar init: wrote {path}; next: crossbar check {path}\n"
+    assert err == (
+        f"crossbar init: wrote {path}: hosts local; routes {MODEL}; next: crossbar check {path}\n"
+    )
     assert parsed(path.read_text())["hosts"]["local"]["url"] == fake.url
 
 

@@ -188,3 +188,12 @@ def test_one_server_under_two_spellings_is_the_same_server():
     assert same_server("http://localhost:8080", "http://127.0.0.1:8080")
     assert not same_server("http://gpu1:8080", "http://gpu1:8081")
     assert not same_server("http://gpu1:8080", "https://gpu1:8080")
+
+
+def test_a_given_name_is_never_changed_even_when_a_derived_one_would_come_to_it_first():
+    servers = [
+        server("http://gpu1:8080", "m"),
+        server("http://gpu1:8081", "m"),
+        server("http://10.0.0.7:8080", "m", name="gpu1-8080"),
+    ]
+    assert host_names(servers) == ["gpu1-8080-2", "gpu1-8081", "gpu1-8080"]
