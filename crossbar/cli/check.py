@@ -22,7 +22,9 @@ def _slots(value: int | None) -> str:
 
 
 def _host_lines(host: HostConfig) -> list[str]:
-    key = "  (api_key set)" if host.api_key else ""
+    key = ""
+    if host.api_key:
+        key = f"  (api_key from ${host.api_key_env})" if host.api_key_env else "  (api_key set)"
     lines = [f"  {host.name}  {hide_password(host.url)}{key}"]
     if host.discover:
         lines.append(

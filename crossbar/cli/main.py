@@ -1,5 +1,5 @@
-"""The `crossbar` console command: `check` a config, `ctl` a running crossbar, `migrate-store`
-a stopped one's store to another database."""
+"""The `crossbar` console command: `init` a config from what llama-servers serve, `check` a
+config, `ctl` a running crossbar, `migrate-store` a stopped one's store to another database."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import os
 import sys
 
-from crossbar.cli import ctl
+from crossbar.cli import ctl, init
 from crossbar.cli.check import describe
 from crossbar.config import ConfigError, load_config
 from crossbar.store import MigrateError, migrate_store
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the proxy with `twistd -n crossbar -c config.toml`.",
     )
     sub = parser.add_subparsers(dest="command", required=True)
+    init.add_parser(sub)
     check = sub.add_parser("check", help="validate a config file and print what it resolves to")
     check.add_argument("config", help="path to the TOML config")
     check.set_defaults(func=_check)
@@ -59,7 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `crossbar` command."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "init" and not any(e.startswith("-") for e in extra):
+        args.urls += extra  # URLs after a flag (`init URL --port 8000 URL`): argparse leaves them
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         code = args.func(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is caught below

@@ -4,6 +4,7 @@ shown. Every error names its dotted path (docs/reference.md, "Config"). Imports 
 crossbar but records.
 """
 
+from crossbar.config.fields import valid_name
 from crossbar.config.keys import (
     DEFAULT_CACHED_WEIGHT,
     KeyConfig,
@@ -23,6 +24,8 @@ from crossbar.config.values import (
     HostConfig,
     ModelConfig,
     load_config,
+    parse_config,
+    server_of,
     with_backlog,
 )
 
@@ -46,8 +49,11 @@ __all__ = [
     "hide_password",
     "is_postgres",
     "load_config",
+    "parse_config",
     "parse_duration",
     "read_key_spec",
     "redact",
+    "server_of",
+    "valid_name",
     "with_backlog",
 ]

@@ -16,6 +16,11 @@ _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 _MISSING = object()
 
 
+def valid_name(name: str) -> bool:
+    """Host, route and key names are `[a-z0-9][a-z0-9._-]{0,63}`."""
+    return NAME.fullmatch(name) is not None
+
+
 def key_path(path: str, key: str) -> str:
     """`path.key`, with the key quoted as TOML would need it (`aliases."claude-*"`)."""
     shown = key if _BARE_KEY.fullmatch(key) else json.dumps(key)

@@ -126,6 +126,8 @@ class HostConfig:
     # Prompt tokens the host keeps warm over all its conversations (its slots and its
     # `--cache-ram`); None: learned from its evictions (leases/warmth.py).
     cache_tokens: int | None = None
+    # The environment variable `api_key` was read from ("": the file gave it, or none).
+    api_key_env: str = ""
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
@@ -338,7 +340,30 @@ def _check_model_names(errors: Errors, path: str, models: list[ModelConfig]) -> 
             upstreams[m.upstream_name] = m.name
 
 
-def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _key_from_env(
+    errors: Errors, path: str, name: str, api_key: str, environ: Mapping[str, str]
+) -> str:
+    """The host's key from the environment variable `name` (`api_key_env`), so the file need
+    not hold it; "" after reporting why it cannot be."""
+    if _ENV_NAME.fullmatch(name) is None:
+        errors.add(path, f"{quote(name)} is not an environment variable name")
+    elif api_key:
+        errors.add(path, "set api_key or api_key_env, not both")
+    elif not environ.get(name):
+        errors.add(
+            path,
+            f"the environment variable {name} is not set (it holds the host's key: set it "
+            "where crossbar and `crossbar check` run)",
+        )
+    else:
+        return environ[name]
+    return ""
+
+
+def _read_hosts(errors: Errors, data: Any, environ: Mapping[str, str]) -> dict[str, HostConfig]:
     hosts: dict[str, HostConfig] = {}
     outer = Section(errors, "hosts", data)
     for name in outer.keys():
@@ -347,13 +372,18 @@ def _read_hosts(errors: Errors, data: Any) -> dict[str, HostConfig]:
             errors.add(t.path, f"bad host name {quote(name)} (use [a-z0-9][a-z0-9._-]{{0,63}})")
         url = t.url("url")
         api_key = t.string("api_key")
+        api_key_env = t.string("api_key_env")
+        if api_key_env:
+            api_key = _key_from_env(errors, t.sub("api_key_env"), api_key_env, api_key, environ)
         parallel = t.integer("parallel", None)
         ctx = t.integer("ctx", None)
         cache_tokens = t.integer("cache_tokens", None)
         discover = t.peek("models") == DISCOVER
         models = _read_models(t, parallel, ctx)
         t.finish()
-        hosts[name] = HostConfig(name, url, models, api_key, discover, parallel, ctx, cache_tokens)
+        hosts[name] = HostConfig(
+            name, url, models, api_key, discover, parallel, ctx, cache_tokens, api_key_env
+        )
     return hosts
 
 
@@ -393,12 +423,13 @@ def parse_config(
     data: dict[str, Any], path: str = "", environ: Mapping[str, str] | None = None
 ) -> Config:
     """Build a Config from parsed TOML, or raise ConfigError listing every problem.
-    `environ` holds the `OTEL_*` variables that fill what `[tracing]` leaves out (none by
-    default: what a test parses does not depend on the shell it runs in)."""
+    `environ` holds the variables a host's `api_key_env` names and the `OTEL_*` ones that fill
+    what `[tracing]` leaves out (none by default: what a test parses does not depend on the
+    shell it runs in)."""
     errors = Errors()
     top = Section(errors, "", data)
     server = _read_server(errors, top.raw("server", {}))
-    hosts = _read_hosts(errors, top.raw("hosts", {}))
+    hosts = _read_hosts(errors, top.raw("hosts", {}), environ or {})
     routes = read_routes(errors, top.raw("routes", {}))
     templates = read_templates(errors, top.raw("templates", {}))
     keys = read_keys(errors, top.raw("keys", {}))
@@ -454,7 +485,8 @@ def _check_key_links(errors: Errors, config: Config) -> None:
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> Config:
     """Read and validate a TOML config file; every failure is a ConfigError naming the file.
-    The `OTEL_*` variables come from `environ`, the process's by default."""
+    The hosts' `api_key_env` and the `OTEL_*` variables come from `environ`, the process's by
+    default."""
     p = Path(path)
     try:
         raw = p.read_bytes()

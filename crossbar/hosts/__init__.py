@@ -1,9 +1,19 @@
 """The fleet of llama-servers: the registry of configured hosts with their health (probes and
 passive failures), draining, flap damping, what each serves (configured or discovered) with its
-slots and context, and the spread probe schedule.
+slots and context, and the spread probe schedule; and how a llama-server's `/props`,
+`/models` and error answers are read (which `crossbar init` reads too).
 """
 
+from crossbar.hosts.health import Props, parse_models, parse_props, status_reason
 from crossbar.hosts.registry import Hosts, NoSuchHost
 from crossbar.hosts.schedule import ProbeSchedule
 
-__all__ = ["Hosts", "NoSuchHost", "ProbeSchedule"]
+__all__ = [
+    "Hosts",
+    "NoSuchHost",
+    "ProbeSchedule",
+    "Props",
+    "parse_models",
+    "parse_props",
+    "status_reason",
+]

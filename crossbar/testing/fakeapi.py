@@ -128,6 +128,9 @@ class FakeApi(Resource):
             return
         if fake.loading:
             raise loading_error()
+        if not self._authorized(request, path):
+            # llama-server's own answer, after its loading check as there.
+            raise ApiError(401, "Invalid API Key", "authentication_error")
         if method == "GET" and path in self._get:
             self._get[path](request)
         elif method == "POST" and path in KINDS:
@@ -138,6 +141,13 @@ class FakeApi(Resource):
             await self._slot_action(request, int(m.group(1)))
         else:
             raise not_found()
+
+    def _authorized(self, request: Request, path: str) -> bool:
+        key = self._fake.config.api_key
+        if not key or path in ("/health", "/v1/health"):
+            return True
+        sent = request.getHeader("authorization") or request.getHeader("x-api-key") or ""
+        return sent.removeprefix("Bearer ") == key
 
     def _health(self, request: Request) -> None:
         send_json(request, {"status": "ok"})

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-delay", type=float, default=0, help="seconds of 503 Loading model")
     p.add_argument("--reply-tokens", type=int, default=16, help="reply length without max_tokens")
     p.add_argument("--eos-after", type=int, metavar="N", help="end every reply after N tokens")
+    p.add_argument(
+        "--api-key", default="", metavar="KEY", help="as llama-server's: 401 without it but /health"
+    )
     router = p.add_argument_group("router mode (llama-server without -m: models loaded on demand)")
     router.add_argument("--router", action="store_true", help="serve the --model names as a router")
     router.add_argument("--loaded", action="append", default=[], metavar="NAME",
@@ -75,6 +78,7 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
         load_delay=args.load_delay,
         reply_tokens=args.reply_tokens,
         eos_after=args.eos_after,
+        api_key=args.api_key,
     )
     faults = Faults(
         refuse=args.refuse,
@@ -89,7 +93,13 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
 
 async def _route(reactor: Any, config: FakeConfig, args: argparse.Namespace) -> None:
     models = {name: evolve(config, models=[name], load_delay=0) for name in config.models}
-    router = FakeRouter(reactor, models, loaded=tuple(args.loaded), load_delay=config.load_delay)
+    router = FakeRouter(
+        reactor,
+        models,
+        loaded=tuple(args.loaded),
+        load_delay=config.load_delay,
+        api_key=config.api_key,
+    )
     await router.start(args.port, args.host)
     reactor.addSystemEventTrigger(
         "before", "shutdown", lambda: Deferred.fromCoroutine(router.stop())

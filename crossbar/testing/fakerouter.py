@@ -46,12 +46,14 @@ class FakeRouter:
         loaded: tuple[str, ...] = (),
         load_delay: float = 0.0,
         autoload: bool = True,
+        api_key: str = "",
     ) -> None:
         if not models:
             raise ValueError("a router needs at least one model")
         self.reactor = reactor
+        self.api_key = api_key  # llama-server's --api-key, the router's and its models' too
         self.children = {
-            name: FakeLlama(reactor, evolve(config, models=[name], load_delay=0))
+            name: FakeLlama(reactor, evolve(config, models=[name], load_delay=0, api_key=api_key))
             for name, config in models.items()
         }
         self.status = {name: LOADED if name in loaded else UNLOADED for name in models}
@@ -143,6 +145,9 @@ class _RouterApi(Resource):
         if method == "GET" and path in ("/health", "/v1/health"):
             send_json(request, {"status": "ok"})
             return
+        sent = request.getHeader("authorization") or request.getHeader("x-api-key") or ""
+        if router.api_key and sent.removeprefix("Bearer ") != router.api_key:
+            raise ApiError(401, "Invalid API Key", "authentication_error")
         if method == "GET" and path in ("/models", "/v1/models"):
             send_json(request, {"object": "list", "data": self._listing()})
             return

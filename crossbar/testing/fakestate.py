@@ -52,6 +52,9 @@ class FakeConfig:
     # llama-server refuses `previous_response_id` (tools/server/server-chat.cpp); on, the fake
     # keeps responses instead, as OpenAI's own API and some routers do.
     keep_responses: bool = field(default=False, validator=_switch)
+    # llama-server's `--api-key`: every path but /health and /v1/health then needs it, as
+    # `Authorization: Bearer <key>` or `X-Api-Key`, else 401 (tools/server/server-http.cpp).
+    api_key: str = field(default="", repr=False)
 
 
 def _chunks(_: object, attribute: Attribute[Any], value: object) -> None:

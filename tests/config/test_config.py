@@ -83,6 +83,32 @@ def test_secrets_stay_out_of_reprs():
     assert "postgresql://u:***@db/crossbar" in text
 
 
+def test_a_hosts_key_may_come_from_the_environment_variable_api_key_env_names():
+    hosts = {**HOSTS, "titan": {**HOSTS["titan"], "api_key_env": "TITAN_KEY"}}
+    c = parse_config({"hosts": hosts}, environ={"TITAN_KEY": "s3cret-host"})
+    titan = c.hosts["titan"]
+    assert (titan.api_key, titan.api_key_env) == ("s3cret-host", "TITAN_KEY")
+    assert "s3cret" not in repr(c)
+    assert c.hosts["atlas"].api_key_env == ""
+
+
+@pytest.mark.parametrize(
+    ("host", "environ", "message"),
+    [
+        ({"api_key_env": "TITAN_KEY"}, {}, "the environment variable TITAN_KEY is not set"),
+        ({"api_key_env": "TITAN_KEY"}, {"TITAN_KEY": ""}, "TITAN_KEY is not set"),
+        ({"api_key_env": "titan-key"}, {}, '"titan-key" is not an environment variable name'),
+        ({"api_key_env": "K", "api_key": "x"}, {"K": "y"}, "set api_key or api_key_env, not both"),
+    ],
+)
+def test_an_api_key_env_that_gives_no_key_is_an_error_under_its_path(host, environ, message):
+    hosts = {**HOSTS, "titan": {**HOSTS["titan"], **host}}
+    with pytest.raises(ConfigError) as info:
+        parse_config({"hosts": hosts}, environ=environ)
+    (error,) = info.value.errors
+    assert error.startswith("hosts.titan.api_key_env: ") and message in error
+
+
 def test_route_defaults_are_conversation_affinity_and_queueing():
     route = config(routes={"convo": {"hosts": ["titan", "atlas"]}}).route("convo")
     assert route.hosts == ("titan", "atlas")

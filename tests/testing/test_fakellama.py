@@ -5,7 +5,7 @@ import pytest_twisted
 from twisted.internet import reactor
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.support.fakehelp import events, get, post, user, wait
+from tests.support.fakehelp import client, events, get, post, user, wait
 
 
 @pytest_twisted.async_yield_fixture
@@ -223,3 +223,25 @@ async def test_fake_counters_and_faults_are_readable_and_settable_over_http(fake
     assert fake.faults.error_500  # nothing changed
     _, faults = await get(fake, "/_fake/faults")
     assert faults["error_500"] is True
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_an_api_key_every_path_but_health_wants_it_as_llama_server_does():
+    fake = FakeLlama(reactor, api_key="sk-llama")
+    await fake.start()
+    try:
+        assert (await get(fake, "/health"))[0].code == 200
+        response, body = await get(fake, "/props")
+        assert response.code == 401
+        assert body == {
+            "error": {"code": 401, "message": "Invalid API Key", "type": "authentication_error"}
+        }
+        for header in ({"Authorization": "Bearer sk-llama"}, {"X-Api-Key": "sk-llama"}):
+            response = await wait(client().get(fake.url + "/v1/models", headers=header))
+            await response.content()
+            assert response.code == 200, header
+        wrong = await wait(client().get(fake.url + "/slots", headers={"X-Api-Key": "sk-nope"}))
+        await wrong.content()
+        assert wrong.code == 401
+    finally:
+        await fake.stop()

@@ -6,7 +6,7 @@ from twisted.internet import reactor
 
 from crossbar.testing.fakellama import FakeConfig
 from crossbar.testing.fakerouter import FakeRouter
-from tests.support.fakehelp import get, post, user
+from tests.support.fakehelp import client, get, post, user
 
 
 @pytest_twisted.async_yield_fixture
@@ -74,3 +74,20 @@ async def test_unloading_a_model_forgets_its_prompt_cache(router):
     assert response.code == 200 and router.status["qwen"] == "unloaded"
     _, again = await post(router, "/v1/chat/completions", body)
     assert again["timings"]["cache_n"] == 0 and router.loads == 1
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_router_with_an_api_key_wants_it_for_its_own_paths_and_its_models():
+    router = FakeRouter(reactor, {"qwen": FakeConfig()}, loaded=("qwen",), api_key="sk-llama")
+    await router.start()
+    try:
+        assert (await get(router, "/health"))[0].code == 200
+        for path in ("/v1/models", "/props", "/props?model=qwen"):
+            response, body = await get(router, path)
+            assert (response.code, body["error"]["type"]) == (401, "authentication_error"), path
+        response = await client().get(
+            router.url + "/props?model=qwen", headers={"Authorization": "Bearer sk-llama"}
+        )
+        assert response.code == 200 and (await response.json())["total_slots"] == 2
+    finally:
+        await router.stop()
