@@ -34,6 +34,10 @@ COMPILED = (
     "crossbar.leases.memory",
     "crossbar.limiter.slots",
     "crossbar.limiter.fairqueue",
+    "crossbar.wire.pool",
+    "crossbar.wire.answer",
+    "crossbar.proxy.request",
+    "crossbar.wire.bodies",
 )
 
 PURE_ENV = "CROSSBAR_PURE"

@@ -226,7 +226,7 @@ class HostConnection(Protocol):
             self.lost = True  # never handed out again, whatever comes before the close
             if self.pool is not None:
                 self.pool.forget(self)
-            self.transport.abortConnection()  # type: ignore[union-attr]
+            self.transport.abortConnection()  # type: ignore[attr-defined]
 
 
 class _Factory(Factory):
