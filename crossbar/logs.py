@@ -1,6 +1,6 @@
-"""`twistd --logger crossbar.logs.json_observer`, the name operators type (the observer lives in
-crossbar.app.logs)."""
+"""`twistd --logger crossbar.logs.text_observer` or `crossbar.logs.json_observer`, the names
+operators type (the observers live in crossbar.app.logs)."""
 
-from crossbar.app import json_observer
+from crossbar.app import json_observer, text_observer
 
-__all__ = ["json_observer"]
+__all__ = ["json_observer", "text_observer"]

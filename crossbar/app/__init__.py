@@ -3,7 +3,7 @@ with its start-up order, reload and graceful stop, the sweep, the log lines, the
 options and the `reuseport:` endpoint.
 """
 
-from crossbar.app.logs import json_observer
+from crossbar.app.logs import json_observer, text_observer
 from crossbar.app.reuseport import ReusePortParser
 
-__all__ = ["ReusePortParser", "json_observer"]
+__all__ = ["ReusePortParser", "json_observer", "text_observer"]

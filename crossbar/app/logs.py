@@ -1,15 +1,25 @@
-"""Log lines operators read: one per request; and a JSON observer for machines."""
+"""Log lines operators read: one per request; a text observer that writes them cheaply; and a
+JSON observer for machines."""
 
 from __future__ import annotations
 
 import sys
 from typing import Any
 
-from twisted.logger import Logger, jsonFileLogObserver
+from twisted.logger import (
+    FileLogObserver,
+    LogEvent,
+    Logger,
+    formatEventAsClassicLogText,
+    formatTime,
+    jsonFileLogObserver,
+    timeFormatRFC3339,
+)
 
 from crossbar.records import UsageRow
 
-log = Logger(namespace="crossbar.request")
+_REQUEST = "crossbar.request"
+log = Logger(namespace=_REQUEST)
 
 
 def log_request(row: UsageRow) -> None:
@@ -48,6 +58,40 @@ def log_request(row: UsageRow) -> None:
         fallback_from=row.fallback_from,
         fallback_reason=row.fallback_reason,
     )
+
+
+class ClassicText:
+    """twistd's own text line for an event (`<time> [<namespace>#<level>] <text>`), at a
+    fraction of its cost for the request line: the time is formatted once a second, not once
+    an event (its time zone worked out each time was a third of the line's cost), and a request
+    line is written as `log_request` made it, without parsing its format again."""
+
+    def __init__(self) -> None:
+        self._second: int | None = None
+        self._stamp = "-"
+
+    def time(self, when: float | None) -> str:
+        """`when` as twistd writes it (RFC 3339, local time), worked out once a second."""
+        if when is None:
+            return "-"
+        second = int(when)
+        if second != self._second:
+            self._second = second
+            self._stamp = formatTime(second, timeFormatRFC3339)
+        return self._stamp
+
+    def __call__(self, event: LogEvent) -> str | None:
+        if event.get("log_namespace") == _REQUEST and event.get("log_format") == "{line}":
+            level = event.get("log_level")
+            name = level.name if level is not None else "-"
+            return f"{self.time(event.get('log_time'))} [{_REQUEST}#{name}] {event['line']}\n"
+        return formatEventAsClassicLogText(event, formatTime=self.time)
+
+
+def text_observer() -> Any:
+    """For `twistd --logger crossbar.logs.text_observer`: the lines twistd writes on standard
+    output by default, the request line at a fraction of the cost (`ClassicText`)."""
+    return FileLogObserver(sys.stdout, ClassicText())
 
 
 def json_observer() -> Any:

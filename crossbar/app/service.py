@@ -21,7 +21,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, maybeDeferred
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort, IStreamServerEndpoint
-from twisted.logger import Logger
+from twisted.logger import ILogObserver, Logger
 from twisted.python.failure import Failure
 from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
@@ -125,6 +125,14 @@ class CrossbarService(MultiService):
         self.ready: Deferred[None] = Deferred()
         self._starting: Deferred[None] | None = None
         self._previous_sighup: Any = None
+        # What twistd logs to, when the plugin chose it (app/tap.py): set on the application
+        # this service joins, which is where twistd looks before making its own.
+        self.log_observer: Any = None
+
+    def setServiceParent(self, parent: Any) -> None:
+        if self.log_observer is not None and hasattr(parent, "setComponent"):
+            parent.setComponent(ILogObserver, self.log_observer)
+        super().setServiceParent(parent)
 
     def startService(self) -> None:
         # The children are added (and so started) by _start, once the parts exist.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from twisted.application.service import IService
 from twisted.python import usage
@@ -31,8 +31,21 @@ def _die(lines: list[str], what: str) -> NoReturn:
     raise SystemExit(2)
 
 
+def logs_to_stdout(twistd: Any) -> bool:
+    """twistd's options (`twistd [options] crossbar ...`) leave its text lines on standard
+    output: in the foreground, no `--logger`, `--syslog` or `--logfile` other than `-`."""
+    if twistd is None or twistd.get("logger") or twistd.get("syslog"):
+        return False
+    return bool(twistd.get("nodaemon")) and twistd.get("logfile") in (None, "", "-")
+
+
 def makeService(options: Options) -> IService:
-    """Load and validate the config and the store path, then build crossbar's service."""
+    """Load and validate the config and the store path, then build crossbar's service.
+
+    Where twistd would write its text lines on standard output (`twistd -n crossbar`, as
+    under systemd), crossbar's text observer writes the same lines there, the request line at
+    a fraction of the cost (app/logs.py); any logging option of twistd's own is left to it."""
+    from crossbar.app.logs import text_observer
     from crossbar.app.malloc import fix_mmap_threshold
     from crossbar.app.service import make_service
 
@@ -44,4 +57,7 @@ def makeService(options: Options) -> IService:
     problem = check_store(config.server.db)
     if problem:
         _die([f"server.db: cannot open the store {config.server.db}: {problem}"], "no store")
-    return make_service(config)
+    service = make_service(config)
+    if logs_to_stdout(getattr(options, "parent", None)):
+        service.log_observer = text_observer()
+    return service

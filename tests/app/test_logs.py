@@ -104,3 +104,96 @@ def test_a_named_keys_request_line_names_the_key():
         globalLogPublisher.removeObserver(events.append)
     (line,) = [formatEvent(e) for e in events if e.get("log_namespace") == "crossbar.request"]
     assert line.endswith("tokens=0/0/0 key=ci error=\"key 'ci' is over its limit\"")
+
+
+def _twistd_text(event):
+    """The line twistd's own text observer writes for `event`."""
+    from twisted.logger import formatEventAsClassicLogText, formatTime, timeFormatRFC3339
+
+    return formatEventAsClassicLogText(event, lambda when: formatTime(when, timeFormatRFC3339))
+
+
+def test_crossbar_s_text_observer_writes_the_lines_twistd_writes():
+    from twisted.logger import LogLevel
+    from twisted.python.failure import Failure
+
+    from crossbar.app.logs import ClassicText
+
+    text = ClassicText()
+    events = []
+    Logger(namespace="crossbar.request", observer=events.append)
+    row = UsageRow(0, "team", "f", "qwen-coder", "titan", "/v1/chat/completions", 429,
+                   False, key="ci", error="key 'ci' is over its limit")  # fmt: skip
+    globalLogPublisher.addObserver(events.append)
+    try:
+        log_request(row)
+        Logger(namespace="crossbar").warn("reload: {note}", note="a\nb")
+        try:
+            raise ZeroDivisionError("division by zero")
+        except ZeroDivisionError:
+            Logger(namespace="crossbar").failure("it broke", Failure())
+    finally:
+        globalLogPublisher.removeObserver(events.append)
+    assert len(events) == 3
+    # The same second twice (its stamp reused), the next one, and no time at all.
+    for when in (1_700_000_000.2, 1_700_000_000.9, 1_700_000_001.0, None):
+        for event in events:
+            event = {**event, "log_time": when}
+            assert text(event) == _twistd_text(event)
+    assert events[0]["log_level"] == LogLevel.info
+    assert "[crossbar.request#info] team /v1/chat/completions -> titan" in text(events[0])
+
+
+def _twistd_options(*argv, config="unused.toml"):
+    """twistd's own options, as parsed for `twistd <argv> crossbar -c <config>`."""
+    from twisted.scripts.twistd import ServerOptions
+
+    options = ServerOptions()
+    options.parseOptions([*argv, "crossbar", "-c", str(config)])
+    return options
+
+
+def test_twistd_in_the_foreground_on_stdout_logs_through_crossbar_s_text_observer():
+    from crossbar.app.tap import logs_to_stdout
+
+    assert logs_to_stdout(_twistd_options("-n"))
+    assert logs_to_stdout(_twistd_options("-n", "--logfile", "-"))
+    # Any logging option of twistd's own is left to twistd; a daemon logs to twistd.log.
+    assert not logs_to_stdout(_twistd_options("-n", "--logfile", "crossbar.log"))
+    assert not logs_to_stdout(_twistd_options("-n", "--syslog"))
+    assert not logs_to_stdout(_twistd_options("-n", "--logger", "crossbar.logs.json_observer"))
+    assert not logs_to_stdout(_twistd_options())
+    assert not logs_to_stdout(None)
+
+
+def test_twistd_starts_logging_from_the_observer_the_plugin_set_on_its_application(
+    tmp_path, capsys
+):
+    from twisted.application.app import AppLogger
+    from twisted.application.service import Application
+    from twisted.logger import FileLogObserver, ILogObserver, LogLevel
+
+    from crossbar.app.logs import ClassicText
+    from crossbar.app.tap import makeService
+
+    config = tmp_path / "crossbar.toml"
+    config.write_text(
+        '[server]\ndb = ":memory:"\n[hosts.titan]\nurl = "http://127.0.0.1:9"\nmodels = ["m"]\n'
+        '[routes.convo]\nhosts = ["titan"]\n'
+    )
+    chosen = {}
+    for argv in (("-n",), ("-n", "--logfile", str(tmp_path / "crossbar.log"))):
+        options = _twistd_options(*argv, config=config)
+        application = Application("crossbar")  # as twistd makes it for a plugin
+        makeService(options.subOptions).setServiceParent(application)
+        chosen[argv[-1]] = application.getComponent(ILogObserver)
+    observer = chosen["-n"]
+    assert isinstance(observer, FileLogObserver)
+    event = {"log_namespace": "crossbar.request", "log_format": "{line}", "line": "x -> y",
+             "log_level": LogLevel.info, "log_time": 1_700_000_000.0}  # fmt: skip
+    observer(event)
+    assert capsys.readouterr().out == ClassicText()(event) == _twistd_text(event)
+    assert chosen[str(tmp_path / "crossbar.log")] is None  # twistd's own LogFile, rotation and all
+    # twistd's AppLogger takes the application's observer over its own.
+    logger = AppLogger(_twistd_options("-n", config=config))
+    assert logger._observerFactory is None
