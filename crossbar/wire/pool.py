@@ -4,10 +4,11 @@ answers they carry are read by answer.py.
 A connection carries one request at a time. Every request is one write of its head (and
 body). The answer's head, body and end, as one read brings them, are passed on once that read
 is parsed whole: only then does a connection whose answer ended go back to its host's idle
-list (at most `per_host` kept; the rest close) and its caller hear that the host is free
-(`on_done`), before the answer's last bytes are relayed. A connection is never kept when its
-host sent bytes after the answer, answered before the request had all been sent (its body
-would wait in front of the next request), or said `Connection: close`.
+list (at most `per_host` that have rested, and those still resting; the rest close) and its
+caller hear that the host is free (`on_done`), before the answer's last bytes are relayed. A
+connection is never kept when its host sent bytes after the answer, answered before the
+request had all been sent (its body would wait in front of the next request), or said
+`Connection: close`.
 
 A kept connection rests before it carries another request, so that whatever the host sends
 unasked (a stale second answer) shows while no request is outstanding, and retires it instead
@@ -48,6 +49,8 @@ QUIET = 0.05
 # ... and this long after a chunked answer, until its host is known to keep such connections:
 # a host that closes one within it closes after every chunked answer.
 PROBATION = 1.0
+# A busy host's resting connections are kept beyond `per_host`, up to this many times it.
+_RESTING_SHARE = 4
 # A connection is reused while it has been idle for less than this share of the idle time
 # after which its host was seen to close one.
 _IDLE_MARGIN = 0.75
@@ -363,12 +366,26 @@ class HostPool:
             origin.idle_close = idle
 
     def release(self, connection: HostConnection) -> None:
-        """An answer was all read: keep its connection for the next request, or close it."""
+        """An answer was all read: keep its connection for the next request, or close it.
+
+        `per_host` bounds the rested connections kept: those resting (`QUIET`) cannot carry a
+        request yet, so a busy host (more requests in a `QUIET` than `per_host`) keeps them
+        too, up to `_RESTING_SHARE` times more, rather than close each and connect anew for
+        the next request."""
         origin = connection.origin
-        if origin is None or len(origin.idle) >= self.per_host:
+        if origin is None:
             connection.abort()
             return
-        connection.idle_since = self._clock.seconds()
+        idle, now = origin.idle, self._clock.seconds()
+        cap = self.per_host
+        # `idle` is in the order of release (a connection leaves it from anywhere, but joins
+        # only at its end): the rested ones come first.
+        if len(idle) >= cap and (
+            len(idle) >= cap * _RESTING_SHARE or now - idle[cap - 1].idle_since >= QUIET
+        ):
+            connection.abort()
+            return
+        connection.idle_since = now
         connection.kept = True
         origin.idle.append(connection)
         if connection.expiry is None:

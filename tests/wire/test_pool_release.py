@@ -91,3 +91,38 @@ def test_a_body_read_whole_can_no_longer_pause_or_stop_the_connection():
     assert transport.producerState == "producing" and not transport.disconnecting
     CLOCK.advance(QUIET)
     assert pool.take(connection.origin) is connection
+
+
+def released(pool: HostPool, n: int) -> list[HostConnection]:
+    """`n` connections to one host, each answering and going back to `pool` now."""
+    connections = []
+    for _ in range(n):
+        connection = HostConnection()
+        connection.pool = pool
+        connection.origin, _ = pool.origin(b"http://host:8080/v1/chat/completions")
+        connection.makeConnection(StringTransport())
+        send(connection, [], lambda: None)
+        connection.dataReceived(ANSWER + b"okay")
+        connections.append(connection)
+    return connections
+
+
+def test_a_busy_host_s_resting_connections_are_kept_beyond_per_host_not_closed_and_reopened():
+    pool = HostPool(CLOCK, endpoints=None, per_host=4)
+    # Ten answers end within one QUIET: none can carry a request yet, so none is closed for
+    # being over per_host (each would have been reopened by the next request).
+    resting = released(pool, 10)
+    assert not any(c.lost for c in resting)
+    CLOCK.advance(QUIET)
+    # Rested, ten are more than per_host: the next ones released are closed...
+    later = released(pool, 2)
+    assert all(c.lost for c in later)
+    # ...and the rested ones are taken, warmest first, until none is left.
+    taken = [pool.take(resting[0].origin) for _ in range(11)]
+    assert taken == [*reversed(resting), None]
+
+
+def test_resting_connections_are_kept_up_to_a_bound_all_the_same():
+    pool = HostPool(CLOCK, endpoints=None, per_host=2)
+    connections = released(pool, 20)
+    assert [c.lost for c in connections] == [False] * 8 + [True] * 12
