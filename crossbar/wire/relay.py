@@ -45,6 +45,7 @@ class _Body(Protocol):
         self._write_timeout = write_timeout
         self._on_data = on_data
         self._timer: IDelayedCall | None = None
+        self._last_data = 0.0  # when the host last sent (or the timer was armed)
         self._stalled: IDelayedCall | None = None  # the client is not reading
         self._registered = False
         self.timed_out = False
@@ -82,7 +83,8 @@ class _Body(Protocol):
         if self._request.channel is None:
             self.stopProducing()
             return
-        self._arm()
+        # The idle timer is moved on lazily (`_idle`): a chunk costs a clock read, not a reset.
+        self._last_data = self._clock.seconds()
         self._on_data(data)
         self._request.write(data)
 
@@ -105,9 +107,8 @@ class _Body(Protocol):
         )
 
     def _arm(self) -> None:
-        if self._timer is not None and self._timer.active():
-            self._timer.reset(self._idle_timeout)
-        else:
+        self._last_data = self._clock.seconds()
+        if self._timer is None or not self._timer.active():
             self._timer = self._clock.callLater(self._idle_timeout, self._idle)
 
     def _disarm(self) -> None:
@@ -116,6 +117,11 @@ class _Body(Protocol):
         self._timer = None
 
     def _idle(self) -> None:
+        quiet = self._clock.seconds() - self._last_data
+        if quiet < self._idle_timeout:  # data came since it was set: wait out the rest
+            self._timer = self._clock.callLater(self._idle_timeout - quiet, self._idle)
+            return
+        self._timer = None
         self.timed_out = True
         self.transport.stopProducing()
 
