@@ -119,3 +119,13 @@ def test_a_large_json_body_gives_its_usage_without_being_parsed_whole():
     meter = fed(Meter(stream=False), raw, size=65536)
     meter.finish()
     assert (meter.tokens.prompt, meter.tokens.cached, meter.tokens.completion) == (5000, 10, 0)
+
+
+def test_a_stream_in_crlf_lines_counts_its_events_and_sees_its_end():
+    chunks = [{"id": "x", "choices": [{"delta": {"content": "t"}}]}] * 3
+    data = sse(*chunks).replace(b"\n", b"\r\n")
+    for size in (7, len(data)):  # cut anywhere, and whole events in one read
+        meter = fed(Meter(stream=True), data, size)
+        meter.finish()
+        assert meter.done and meter.id == "x"
+        assert meter.tokens.completion == 3  # no usage sent: the events are the output
