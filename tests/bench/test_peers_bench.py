@@ -153,3 +153,13 @@ def test_direct_is_always_measured_and_unknown_names_are_refused(capsys):
     with pytest.raises(SystemExit):
         peers.parse_args(["--routers", "haproxy"])
     assert "unknown haproxy" in capsys.readouterr().err
+
+
+def test_crossbar_ab_reads_each_variant_s_name_settings_and_python():
+    import crossbar_ab
+
+    assert crossbar_ab.parse_variant("after=") == ("after", {})
+    assert crossbar_ab.parse_variant("before=PYBIN=../b/.venv/bin/python,CROSSBAR_PURE=1") == (
+        "before",
+        {"PYBIN": "../b/.venv/bin/python", "CROSSBAR_PURE": "1"},
+    )
