@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from attrs import frozen
 
-from crossbar.config import server_of, valid_name
+from crossbar.config import http_url, server_of, valid_name
 
 _NOT_NAME = re.compile(r"[^a-z0-9._-]+")
 _NOT_HOST_NAME = re.compile(r"[^a-z0-9_-]+")  # no dots: a host name stays a bare TOML key
@@ -62,16 +62,10 @@ def base_url(text: str) -> str:
     url = text.strip()
     if "://" not in url:
         url = "http://" + url
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"{text!r} is not an http(s) URL of a llama-server")
     try:
-        parts.port  # noqa: B018 - raises ValueError for a bad port
-    except ValueError:
-        raise ValueError(f"{text!r} has a bad port") from None
-    if parts.query or parts.fragment:
-        raise ValueError(f"{text!r}: a base URL has no query or fragment")
-    return url.rstrip("/")
+        return http_url(url)
+    except ValueError as e:
+        raise ValueError(f"{text!r} is not a llama-server's base URL: {e}") from None
 
 
 def same_server(url: str, other: str) -> bool:

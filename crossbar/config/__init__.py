@@ -4,7 +4,7 @@ shown. Every error names its dotted path (docs/reference.md, "Config"). Imports 
 crossbar but records.
 """
 
-from crossbar.config.fields import valid_name
+from crossbar.config.fields import http_url, valid_name
 from crossbar.config.keys import (
     DEFAULT_CACHED_WEIGHT,
     KeyConfig,
@@ -47,6 +47,7 @@ __all__ = [
     "format_size",
     "hash_secret",
     "hide_password",
+    "http_url",
     "is_postgres",
     "load_config",
     "parse_config",

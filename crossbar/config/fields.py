@@ -48,6 +48,21 @@ def type_name(value: Any) -> str:
     }.get(type(value), type(value).__name__)
 
 
+def http_url(text: str) -> str:
+    """An http(s) URL with a host and no query or fragment (a host's, a collector's), its
+    trailing `/` dropped; ValueError saying which of those it is not."""
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError("not an http(s) URL")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        raise ValueError("not an http(s) URL (bad port)") from None
+    if parts.query or parts.fragment:
+        raise ValueError("must not have a query or fragment")
+    return text.rstrip("/")
+
+
 class Errors:
     """An ordered list of "dotted.path: message" lines."""
 
@@ -204,16 +219,10 @@ class Section:
         def check(v: Any) -> str:
             if not isinstance(v, str):
                 raise ValueError(f"not an http(s) URL: {type_name(v)}")
-            parts = urlsplit(v)
-            if parts.scheme not in ("http", "https") or not parts.hostname:
-                raise ValueError(f"not an http(s) URL: {quote(v)}")
             try:
-                parts.port  # noqa: B018 - raises ValueError for a bad port
-            except ValueError:
-                raise ValueError(f"not an http(s) URL (bad port): {quote(v)}") from None
-            if parts.query or parts.fragment:
-                raise ValueError(f"must not have a query or fragment: {quote(v)}")
-            return v.rstrip("/")
+                return http_url(v)
+            except ValueError as e:
+                raise ValueError(f"{e}: {quote(v)}") from None
 
         if not self.has(key):
             self.errors.add(self.sub(key), "missing (the base URL of the llama-server)")

@@ -19,9 +19,10 @@ from twisted.web.util import Redirect
 
 from crossbar.cli.main import main
 from crossbar.config import load_config
-from crossbar.testing.fakellama import FakeConfig, FakeLlama
+from crossbar.testing.fakellama import FakeConfig
 from crossbar.testing.fakerouter import FakeRouter
 from tests.support.admin_harness import conversation, start_service
+from tests.support.fakehelp import Fakes
 from tests.support.harness import MODEL, wait
 
 KEY = "sk-llama-0d1e2f3a"
@@ -43,17 +44,9 @@ async def init(*argv: str) -> tuple[int, str, str]:
 @pytest_twisted.async_yield_fixture
 async def fakes():
     """`await fakes(**knobs)`: a fake llama-server on port 0; all stopped after the test."""
-    started = []
-
-    async def start(**knobs):
-        fake = FakeLlama(reactor, **{"models": [MODEL], **knobs})
-        await fake.start()
-        started.append(fake)
-        return fake
-
-    yield start
-    for fake in started:
-        await fake.stop()
+    started = Fakes(models=[MODEL])
+    yield started
+    await started.stop()
 
 
 @pytest_twisted.async_yield_fixture
@@ -274,7 +267,7 @@ async def test_an_existing_output_file_is_kept_unless_forced(fakes, tmp_path):
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["ftp://gpu1"], "'ftp://gpu1' is not an http(s) URL of a llama-server"),
+        (["ftp://gpu1"], "'ftp://gpu1' is not a llama-server's base URL: not an http(s) URL"),
         (["GPU1=http://gpu1"], "GPU1=http://gpu1: 'GPU1' is not a host name"),
         (["a=http://gpu1", "a=http://gpu2"], "two servers named 'a'"),
         (["gpu1", "--port", "70000"], "--port 70000 is not a TCP port"),

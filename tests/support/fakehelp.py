@@ -15,6 +15,25 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from crossbar.testing.fakellama import FakeLlama
 
 
+class Fakes:
+    """`await fakes(**knobs)`: a fake llama-server on port 0 with `defaults` under `knobs`;
+    `await fakes.stop()` stops every one started (a fixture's teardown)."""
+
+    def __init__(self, **defaults: Any) -> None:
+        self._defaults = defaults
+        self.started: list[FakeLlama] = []
+
+    async def __call__(self, **knobs: Any) -> FakeLlama:
+        fake = FakeLlama(reactor, **{**self._defaults, **knobs})
+        await fake.start()
+        self.started.append(fake)
+        return fake
+
+    async def stop(self) -> None:
+        for fake in self.started:
+            await fake.stop()
+
+
 def client() -> HTTPClient:
     """A client with no kept-alive connections, so every request is a fresh connection."""
     return HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))

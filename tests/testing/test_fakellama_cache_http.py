@@ -2,28 +2,18 @@
 fairly, and a client that leaves is counted and frees its slot."""
 
 import pytest_twisted
-from twisted.internet import reactor
 from twisted.internet.defer import Deferred
 from twisted.internet.protocol import Protocol
 from twisted.web.client import ResponseDone
 
-from crossbar.testing.fakellama import FakeLlama
-from tests.support.fakehelp import client, events, post, until, user, wait
+from tests.support.fakehelp import Fakes, client, events, post, until, user, wait
 
 
 @pytest_twisted.async_yield_fixture
 async def fakes():
-    started = []
-
-    async def make(**knobs):
-        fake = FakeLlama(reactor, **knobs)
-        await fake.start()
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        await fake.stop()
+    started = Fakes()
+    yield started
+    await started.stop()
 
 
 class Arrivals(Protocol):
