@@ -3,12 +3,11 @@
 route → dialect → model → fingerprint → lease → guard → slot → upstream → relay → usage
 
 Each step is another module's; this one only orders them, answers what crossbar answers
-itself, and keeps the running requests so a stop can drain them.
+itself, and hands each running request to `Running` (running.py), which a stop drains.
 """
 
 from __future__ import annotations
 
-import json
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -38,7 +37,6 @@ from crossbar.proxy.fallback import (
     host_busy,
     may_fall_back,
 )
-from crossbar.proxy.fingerprint import conversation, scoped
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
 from crossbar.proxy.placement import Placement
@@ -46,12 +44,13 @@ from crossbar.proxy.refusals import Where, for_exception, for_key
 from crossbar.proxy.routing import (
     authenticate,
     check_model_scope,
-    choose_model,
     credentials,
     resolve_route,
     split_route,
 )
+from crossbar.proxy.running import Running
 from crossbar.proxy.slot import SlotStep
+from crossbar.proxy.understand import CallReader
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
 from crossbar.proxy.valve import Replace, Valve
 from crossbar.tenants import ClientKey, KeyRefused, OverLimit, Reservation, Tenants
@@ -68,15 +67,12 @@ from crossbar.wire import (
     Tokens,
     Upstream,
     UpstreamFailure,
-    bad_request,
     classify,
     header_reader,
-    limit_output,
     not_found,
     prepare,
     read_body,
     renamed_body,
-    request_body,
     unavailable,
     write_error,
 )
@@ -125,14 +121,6 @@ def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
     return "/r/{route}" + shown if raw_path.startswith("/r/") else shown
 
 
-def _query(uri: bytes) -> str:
-    """The query of a request target (after `?`, before any `#`)."""
-    cut = uri.find(b"?")
-    if cut < 0:
-        return ""
-    return uri[cut + 1 :].split(b"#", 1)[0].decode("utf-8", "replace")
-
-
 class ProxyResource(Resource):
     """Every client path; one coroutine per request, cancelled when the client goes away."""
 
@@ -165,13 +153,12 @@ class ProxyResource(Resource):
         self._limiter = limiter
         self._upstream = upstream
         self._guard = guard
-        self._ids = ids
+        self._calls = CallReader(clock, hosts, ids, guard)
         self._usage = usage
         self._placement = placement
         self._gate = gate or OPEN
         self._tracing = tracing
-        self._active: dict[Any, tuple[Deferred[None], Exchange]] = {}
-        self._settled: list[Deferred[None]] = []  # waiters for "no request running"
+        self._running = Running(clock)
 
     def reconfigure(self, config: Config) -> None:
         """Serve the reloaded config from the next request on."""
@@ -180,7 +167,7 @@ class ProxyResource(Resource):
     @property
     def running(self) -> int:
         """Requests being handled now."""
-        return len(self._active)
+        return len(self._running)
 
     # -- lifecycle of one request, and of all of them
 
@@ -195,52 +182,13 @@ class ProxyResource(Resource):
         finished.addErrback(lambda _: d.cancel())
         d.addErrback(self._crashed, request)
         if not d.called:
-            self._active[request] = (d, ex)
-            d.addBoth(self._forget, request)
+            self._running.track(request, d, ex)
         return NOT_DONE_YET
 
-    def _forget(self, result: object, request: Any) -> object:
-        self._active.pop(request, None)
-        if not self._active:
-            waiters, self._settled = self._settled, []
-            for waiter in waiters:
-                waiter.callback(None)
-        return result
-
-    def _all_settled(self, within: float) -> Deferred[None]:
-        """Fires when no request runs, or after `within` seconds, whichever is first."""
-        d: Deferred[None] = Deferred()
-        if not self._active:
-            d.callback(None)
-            return d
-        self._settled.append(d)
-
-        def give_up() -> None:
-            self._settled.remove(d)
-            d.callback(None)
-
-        timer = self._clock.callLater(within, give_up)
-
-        def done(result: object) -> object:
-            if timer.active():
-                timer.cancel()
-            return result
-
-        return d.addBoth(done)
-
     async def drain(self, grace: float) -> int:
-        """Let running requests finish for up to `grace` seconds, then abort the rest: their
-        connections are closed and their usage rows say "shutdown". Returns how many were
-        aborted, once their rows are written."""
-        await self._all_settled(grace)
-        left = list(self._active.items())
-        for request, (d, ex) in left:
-            ex.error = "shutdown"
-            if request.channel is not None:
-                request.channel.transport.abortConnection()
-            d.cancel()
-        await self._all_settled(grace + 5)
-        return len(left)
+        """Let running requests finish for up to `grace` seconds, then abort the rest
+        (`Running.drain`); how many were aborted."""
+        return await self._running.drain(grace)
 
     def _crashed(self, failure: Failure, request: Any) -> None:
         # Last resort: _serve handles its own errors, so only a bug in that handling gets here.
@@ -308,7 +256,8 @@ class ProxyResource(Resource):
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
             return
-        call = self._understand(request, ex, target, kind, key.name if key is not None else "")
+        tenant = key.name if key is not None else ""
+        call = self._calls.read(self._config, request, ex, target, kind, tenant)
         try:
             check_model_scope(key, route, call.model)
         except KeyRefused as e:
@@ -396,7 +345,7 @@ class ProxyResource(Resource):
             check_model_scope(key, route, model)
         except KeyRefused:
             return None
-        need = round(ex.prompt_chars * self._guard.ratio(model))
+        need = self._calls.need(ex.prompt_chars, model)
         return fallback_call(call, route, model, ex.fp, serving.candidates(model), need)
 
     def _settle(self, charged: list[Reservation], tokens: Tokens) -> None:
@@ -404,71 +353,6 @@ class ProxyResource(Resource):
         now = self._clock.seconds()
         for reservation in charged:
             reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
-
-    def _understand(
-        self, request: Any, ex: Exchange, target: Target, kind: Kind, tenant: str
-    ) -> Call:
-        """Body, model, fingerprint and lease key of a request for a host; `tenant` the named
-        key's name ("" for none), which scopes the fingerprint."""
-        try:
-            return self._read_call(request, ex, target, kind, tenant)
-        except RecursionError:
-            raise bad_request("the request body is nested too deeply to be read") from None
-
-    def _read_call(
-        self, request: Any, ex: Exchange, target: Target, kind: Kind, tenant: str
-    ) -> Call:
-        config = self._config
-        route, dialect, method, path = target.route, target.dialect, target.method, target.path
-        raw = request.body
-        body = request_body(kind, dialect, method, path, raw)
-        if kind is Kind.INFERENCE and route.limits_output:
-            limited = limit_output(
-                body, dialect.output_fields, route.max_tokens_default, route.max_tokens_cap
-            )
-            if limited is not None:
-                body, raw = limited, json.dumps(limited).encode()
-        query = _query(request.uri)
-        peer = getattr(request.getClientAddress(), "host", "") or ""
-        headers, secure = request.requestHeaders, request.isSecure()
-        inbound = Inbound(method, path, query, raw, body, headers, peer, secure)
-        serving = self._hosts.serving(route)
-        ex.model = model = choose_model(route, serving.models, body, query)
-        candidates = serving.candidates(model)
-        chars, inference = config.server.fingerprint_chars, kind is Kind.INFERENCE
-        fp, opening = conversation(header_reader(headers), body, dialect, chars, inference)
-        ex.fp = scoped(fp, tenant)
-        unscoped = fp if ex.fp != fp else ""
-        if inference:
-            ex.prompt_chars = dialect.prompt_chars(body)
-        origin = None
-        named = dialect.named_id(path, body) if isinstance(body, dict) else None
-        if isinstance(named, str) and named:
-            remembered = self._ids.lookup(named, self._clock.seconds())
-            if remembered is not None:
-                if remembered.fp:
-                    # a Responses chain is its first response's conversation
-                    ex.fp, unscoped = remembered.fp, ""
-                # A control call acts on one running completion: it goes where that runs,
-                # pinned route or not. A Responses chain only takes its conversation's lease.
-                if kind is Kind.CONTROL and remembered.host in candidates:
-                    origin = remembered.host
-        key = Key(route.name, "" if route.per_route() else ex.fp, model)
-        need = round(ex.prompt_chars * self._guard.ratio(model))
-        unscoped = unscoped if key.fp else ""
-        return Call(
-            route,
-            dialect,
-            kind,
-            inbound,
-            model,
-            key,
-            candidates,
-            origin,
-            need,
-            opening,
-            unscoped=unscoped,
-        )
 
     # -- the way to a host and back
 
