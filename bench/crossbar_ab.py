@@ -25,8 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from measure import tree_cpu_seconds
-from peers import write_script, wrk
+from peers import CONVERSATIONS, measure, write_script
 from peers_setup import Sitting, start_crossbar, start_upstream
 
 from crossbar.demo.processes import Processes
@@ -40,25 +39,21 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 
 
 def one(settings: dict[str, str], body: str, duration: float) -> tuple[float, float, float]:
-    """One variant once: (CPU µs per request at c=32, req/s at c=32, p50 ms at c=1)."""
+    """One variant once, measured as bench/peers.py measures a router (`peers.measure`):
+    (CPU µs per request at c=32, req/s at c=32, p50 ms at c=1)."""
     saved = dict(os.environ)
     python = settings.get("PYBIN", sys.executable)
     os.environ.update({k: v for k, v in settings.items() if k != "PYBIN"})
     work = Path(tempfile.mkdtemp(prefix="crossbar-ab-"))
     processes = Processes(work, False)
     try:
-        args = argparse.Namespace(streams=0, crossbar_python=python)
+        args = argparse.Namespace(streams=0, crossbar_python=python, warmup=3.0,
+                                  duration=duration)  # fmt: skip
         sitting = Sitting(args, processes, work)
         router = start_crossbar(sitting, start_upstream(sitting))
-        assert router.process is not None
         script = write_script(sitting, body, False)
-        for _ in range(2):
-            wrk(router.url, script, 32, 3)
-        before = tree_cpu_seconds(router.process.pid)
-        loaded = wrk(router.url, script, 32, duration)
-        cpu = tree_cpu_seconds(router.process.pid) - before
-        single = wrk(router.url, script, 1, 4)
-        return 1e6 * cpu / loaded["requests"], loaded["requests"] / duration, single["p50_ms"]
+        row = measure(router, script, args, body, CONVERSATIONS[body])
+        return row["cpu_us_per_request"], row["loaded"]["rps"], row["single"]["p50_ms"]
     finally:
         processes.stop()
         os.environ.clear()
