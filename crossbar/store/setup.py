@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import time
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def init_connection(conn: sqlite3.Connection, memory: bool, timeout: float = STO
     try:
         conn.execute(f"PRAGMA busy_timeout = {max(1, round(timeout * 1000))}")
         if not memory:
-            _wal(conn, timeout)
+            wal(conn, timeout)
         # In WAL mode NORMAL loses at most the last transactions on power loss, never
         # consistency; FULL would fsync on every lease change.
         conn.execute("PRAGMA synchronous = NORMAL")
@@ -80,19 +81,35 @@ def init_connection(conn: sqlite3.Connection, memory: bool, timeout: float = STO
         raise
 
 
-def _wal(conn: sqlite3.Connection, timeout: float) -> None:
-    """Put the file in WAL mode. Switching takes the file for itself, and SQLite answers the
-    old mode at once, without its busy wait, while another process holds it (two instances
-    starting on a new file together): asked again until `timeout`. Runs in the store's thread
-    or before the reactor starts, never on the reactor."""
-    deadline = time.monotonic() + timeout
+def wal(
+    conn: sqlite3.Connection,
+    timeout: float,
+    clock: Callable[[], float] = time.monotonic,
+    pause: Callable[[float], object] = time.sleep,
+) -> None:
+    """Put the file in WAL mode. Switching takes the file for itself, and SQLite answers at
+    once, without its busy wait, while another process holds it (two instances starting on a
+    new file together): the old mode, or SQLITE_BUSY while the other one is in a write
+    (migrating). Asked again every 50 ms until `timeout`. Runs in the store's thread or before
+    the reactor starts, never on the reactor."""
+    deadline = clock() + timeout
     while True:
-        (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        try:
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+        except sqlite3.OperationalError as e:
+            if not _busy(e):
+                raise
+            mode = "locked by another connection"
         if mode.lower() == "wal":
             return
-        if time.monotonic() > deadline:
-            raise StoreError(f"SQLite refused WAL mode (journal mode is {mode})")
-        time.sleep(0.05)
+        if clock() > deadline:
+            raise StoreError(f"SQLite refused WAL mode for {timeout:g} s (journal mode: {mode})")
+        pause(0.05)
+
+
+def _busy(error: sqlite3.OperationalError) -> bool:
+    # SQLITE_BUSY and its extended codes (SQLITE_BUSY_RECOVERY, _SNAPSHOT, _TIMEOUT).
+    return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def migrations() -> list[tuple[int, str]]:

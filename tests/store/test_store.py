@@ -9,11 +9,12 @@ import sys
 
 import pytest
 import pytest_twisted
+from twisted.internet.task import Clock
 
 from crossbar.leases.table import Key, Lease, State
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store.database import StoreError
-from crossbar.store.setup import migrations
+from crossbar.store.setup import migrations, wal
 from tests.support.lease_fakes import open_store
 
 
@@ -43,6 +44,42 @@ async def test_a_new_file_gets_every_migration_and_wal(tmp_path):
     tables = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert {"leases", "lease_events", "usage", "host_state", "schema_version"} <= tables
     assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def _migrating(path):
+    """A first instance's connection in the middle of its migration: the file in rollback
+    mode, its write lock held."""
+    first = sqlite3.connect(path, isolation_level=None)
+    first.execute("CREATE TABLE t (x)")
+    first.execute("BEGIN IMMEDIATE")
+    return first
+
+
+def test_an_instance_starting_beside_one_migrating_asks_again_until_the_file_is_free(tmp_path):
+    path = str(tmp_path / "x.db")
+    first = _migrating(path)
+    second = sqlite3.connect(path, isolation_level=None)
+    pauses = []
+
+    def pause(seconds):  # the first instance's migration ends while the second waits
+        pauses.append(seconds)
+        if len(pauses) == 2:
+            first.execute("COMMIT")
+
+    wal(second, timeout=5.0, clock=Clock().seconds, pause=pause)
+    assert pauses == [0.05, 0.05]
+    assert second.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_file_held_past_the_store_timeout_is_refused_saying_so(tmp_path):
+    path = str(tmp_path / "x.db")
+    first = _migrating(path)
+    second = sqlite3.connect(path, isolation_level=None)
+    clock = Clock()
+    with pytest.raises(StoreError, match=r"refused WAL mode for 2 s .*locked by another"):
+        wal(second, timeout=2.0, clock=clock.seconds, pause=clock.advance)
+    assert 2.0 <= clock.seconds() <= 2.05  # it gave up at the timeout, not before
+    first.execute("ROLLBACK")
 
 
 @pytest_twisted.ensureDeferred
