@@ -109,7 +109,7 @@ def wal(
 
 def _busy(error: sqlite3.OperationalError) -> bool:
     # SQLITE_BUSY and its extended codes (SQLITE_BUSY_RECOVERY, _SNAPSHOT, _TIMEOUT).
-    return getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+    return error.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def migrations() -> list[tuple[int, str]]:

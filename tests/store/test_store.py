@@ -69,6 +69,8 @@ def test_an_instance_starting_beside_one_migrating_asks_again_until_the_file_is_
     wal(second, timeout=5.0, clock=Clock().seconds, pause=pause)
     assert pauses == [0.05, 0.05]
     assert second.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    first.close()
+    second.close()
 
 
 def test_a_file_held_past_the_store_timeout_is_refused_saying_so(tmp_path):
@@ -79,7 +81,8 @@ def test_a_file_held_past_the_store_timeout_is_refused_saying_so(tmp_path):
     with pytest.raises(StoreError, match=r"refused WAL mode for 2 s .*locked by another"):
         wal(second, timeout=2.0, clock=clock.seconds, pause=clock.advance)
     assert 2.0 <= clock.seconds() <= 2.05  # it gave up at the timeout, not before
-    first.execute("ROLLBACK")
+    first.close()
+    second.close()
 
 
 @pytest_twisted.ensureDeferred
