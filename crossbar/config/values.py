@@ -33,6 +33,7 @@ _RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them
 
 _DAY = 86400.0
 DISCOVER = "discover"
+DEFAULT_SWAP_AFTER = 30.0  # seconds: `swap_after`'s default
 
 
 class ConfigError(Exception):
@@ -128,6 +129,15 @@ class HostConfig:
     cache_tokens: int | None = None
     # The environment variable `api_key` was read from ("": the file gave it, or none).
     api_key_env: str = ""
+    # Router mode (`discover`) only. Models the router keeps loaded at once (its
+    # `--models-max`); None: its `/props` `max_instances`, else learned from its evictions.
+    max_loaded: int | None = None
+    # Models kept loaded here: loaded by crossbar when the router lists them unloaded, never
+    # given up for another model, and their new conversations placed here first.
+    keep_loaded: tuple[str, ...] = ()
+    # How long a model's turns wait while the loaded models' turns keep the router's places
+    # busy, before the least wanted one is let drain and unloaded for it.
+    swap_after: float = DEFAULT_SWAP_AFTER
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
@@ -379,12 +389,37 @@ def _read_hosts(errors: Errors, data: Any, environ: Mapping[str, str]) -> dict[s
         ctx = t.integer("ctx", None)
         cache_tokens = t.integer("cache_tokens", None)
         discover = t.peek("models") == DISCOVER
+        if not discover:
+            for key in ("max_loaded", "keep_loaded", "swap_after"):
+                if t.has(key):
+                    errors.add(t.sub(key), 'only for a router-mode host (models = "discover")')
+        max_loaded = t.integer("max_loaded", None)
+        keep_loaded = t.string_list("keep_loaded")
+        swap_after = t.duration("swap_after", DEFAULT_SWAP_AFTER)
         models = _read_models(t, parallel, ctx)
+        _check_kept(errors, t.sub("keep_loaded"), keep_loaded, max_loaded)
         t.finish()
         hosts[name] = HostConfig(
-            name, url, models, api_key, discover, parallel, ctx, cache_tokens, api_key_env
-        )
+            name, url, models, api_key, discover, parallel, ctx, cache_tokens, api_key_env,
+            max_loaded, keep_loaded, swap_after,
+        )  # fmt: skip
     return hosts
+
+
+def _check_kept(errors: Errors, path: str, kept: tuple[str, ...], max_loaded: int | None) -> None:
+    """`keep_loaded`: none twice, fewer than the router can hold (a place is left for every
+    other model)."""
+    seen: set[str] = set()
+    for i, name in enumerate(kept):
+        if name in seen:
+            errors.add(f"{path}[{i}]", f"model {quote(name)} is listed twice")
+        seen.add(name)
+    if max_loaded is not None and len(kept) >= max_loaded and kept:
+        errors.add(
+            path,
+            f"keeps {len(kept)} model(s) loaded but max_loaded is {max_loaded}: leave at least "
+            "one place for the others",
+        )
 
 
 _LOOPBACK = {"localhost", "127.0.0.1", "::1", "0:0:0:0:0:0:0:1"}

@@ -24,6 +24,8 @@ from crossbar.config import HostConfig, ModelConfig
 from crossbar.wire import HostEndpoints, authorization, quiet_pool
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
+# `post(url, headers, body) -> Deferred[(status, body)]`: a router's /models/load and /unload.
+Poster = Callable[[str, Mapping[str, str], bytes], "Deferred[tuple[int, bytes]]"]
 
 # A probe's own deadline (health_timeout) cancels it sooner; this only bounds a connect.
 _CONNECT_TIMEOUT = 30.0
@@ -70,6 +72,20 @@ def treq_getter(client: HTTPClient) -> Getter:
 
     def start(url: str, headers: Mapping[str, str]) -> Deferred[tuple[int, bytes]]:
         return Deferred.fromCoroutine(get(url, headers))
+
+    return start
+
+
+def treq_poster(client: HTTPClient) -> Poster:
+    """A Poster on `client`: a JSON body sent, the whole answer read."""
+
+    async def post(url: str, headers: Mapping[str, str], body: bytes) -> tuple[int, bytes]:
+        sent = {**headers, "Content-Type": "application/json"}
+        response = await client.post(url, data=body, headers=sent, allow_redirects=False)
+        return response.code, await response.content()
+
+    def start(url: str, headers: Mapping[str, str], body: bytes) -> Deferred[tuple[int, bytes]]:
+        return Deferred.fromCoroutine(post(url, headers, body))
 
     return start
 
@@ -196,6 +212,22 @@ class Prober:
             except ValueError as e:
                 failed[m.name] = str(e)
         return found, failed
+
+    async def router_places(self, host: HostConfig) -> int | None:
+        """The router's own `/props` `max_instances`: how many models it runs at once (0: no
+        limit); None when it does not say (not a router, or an older one). Raises as
+        `list_models` does."""
+        status, body = await self.fetch(host, "/props")
+        if status != 200:
+            raise ValueError(_redact(status_reason(status, body), host))
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise ValueError("/props is not JSON") from None
+        places = data.get("max_instances") if isinstance(data, dict) else None
+        if isinstance(places, int) and not isinstance(places, bool) and places >= 0:
+            return places
+        return None
 
     async def list_models(self, host: HostConfig) -> dict[str, str]:
         """What a host's `GET /models` lists: model id -> state (a router-mode llama-server

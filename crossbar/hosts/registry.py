@@ -14,7 +14,8 @@ of each model once it is loaded (catalog.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from treq.client import HTTPClient
@@ -27,12 +28,16 @@ from twisted.web.client import HTTPConnectionPool
 from crossbar.config import Config, ModelConfig, Route
 from crossbar.hosts.catalog import Serving
 from crossbar.hosts.discovery import discover
-from crossbar.hosts.entry import HostEntry
-from crossbar.hosts.health import Getter, Prober, build_client, treq_getter
+from crossbar.hosts.entry import HostEntry, fresh_residency
+from crossbar.hosts.health import Getter, Poster, Prober, build_client, treq_getter, treq_poster
 from crossbar.hosts.lean_get import LeanGetter
+from crossbar.hosts.residency import KEEP, ModelEvent, Residency
+from crossbar.hosts.router import RouterControl
 from crossbar.hosts.status import host_status
 
 Listener = Callable[[str, str], None]
+ModelListener = Callable[[ModelEvent], None]
+_MODEL_EVENTS = 1000  # the latest model loads and unloads kept for the admin API
 _SERVING_MAX = 4096  # routes whose Serving is kept (templates resolve to many names)
 
 
@@ -71,9 +76,11 @@ class Hosts:
         log: Logger | None = None,
         *,
         get: Getter | None = None,
+        post: Poster | None = None,
     ) -> None:
-        """`clock` is the reactor in production. `get` replaces HTTP in tests; without it,
-        `http` (or, when None, a client on a pool of our own, closed by `stop`) is used."""
+        """`clock` is the reactor in production. `get` (and `post`, a router's load and
+        unload) replace HTTP in tests; without `get`, `http` (or, when None, a client on a
+        pool of our own, closed by `stop`) is used for both."""
         self._config = config
         self._clock = clock
         self._store = store
@@ -85,7 +92,12 @@ class Hosts:
                 http, self._pool = build_client(clock)
             # /health on kept bare connections (a tenth of treq's CPU); the rest through treq.
             get = self._lean = LeanGetter(clock, treq_getter(http))
+            post = post or treq_poster(http)
         self._get = get
+        self.router = RouterControl(self._host, self.tell_models, clock, post, self._log)
+        # Told each model load and unload seen or caused on a router-mode host.
+        self.model_listeners: list[ModelListener] = []
+        self.model_events: deque[ModelEvent] = deque(maxlen=_MODEL_EVENTS)
         self._hosts = {name: HostEntry(h) for name, h in config.hosts.items()}
         self._draining: set[str] = set()
         self._listeners: list[Listener] = []
@@ -147,6 +159,53 @@ class Hosts:
         """Tokens per slot: configured, else discovered `n_ctx`, else None (unknown)."""
         host = self._hosts.get(name)
         return host.catalog.ctx(model) if host is not None else None
+
+    # -- router mode: which models a host has loaded
+
+    def residency(self, name: str) -> Residency | None:
+        """What a router-mode host has loaded (None for any other host)."""
+        host = self._hosts.get(name)
+        return None if host is None else host.residency
+
+    def capacity(self, name: str) -> int | None:
+        """Models a router-mode host holds at once; None: no limit known (or not a router)."""
+        residency = self.residency(name)
+        return None if residency is None else residency.capacity
+
+    def running(self, name: str) -> list[str]:
+        """The models holding a router's places now, least recently used first."""
+        residency = self.residency(name)
+        return [] if residency is None else residency.running()
+
+    def kept(self, name: str) -> Collection[str]:
+        """The host's `keep_loaded` models."""
+        host = self._hosts.get(name)
+        return () if host is None else host.config.keep_loaded
+
+    def swap_after(self, name: str) -> float:
+        """The host's `swap_after`."""
+        host = self._hosts.get(name)
+        return host.config.swap_after if host is not None else 0.0
+
+    def model_state(self, name: str, model: str) -> str | None:
+        """A router-mode host's model's state as crossbar knows it (None for other hosts)."""
+        residency = self.residency(name)
+        return None if residency is None else residency.state(model)
+
+    def tell_models(self, events: Sequence[ModelEvent]) -> None:
+        """Loads and unloads seen or caused: logged, kept for the admin API, and told to each
+        model listener."""
+        for event in events:
+            self.model_events.append(event)
+            self._log.info(
+                "host {host} model {model}: {kind} ({reason})", host=event.host,
+                model=event.model, kind=event.kind, reason=event.reason,
+            )  # fmt: skip
+            for fn in list(self.model_listeners):
+                try:
+                    fn(event)
+                except Exception:
+                    self._log.failure("model listener failed on {event}", event=event)
 
     def held_down(self, name: str) -> bool:
         """True while a host is held out of new placements: it flapped (flaps.py), or it has
@@ -308,6 +367,10 @@ class Hosts:
                     self._fresh.add(name)
                 # Models or their settings may have changed: what a new URL said is unknown.
                 host.catalog = host.catalog.reconfigured(new)
+                if host.config.url != new.url or host.config.discover != new.discover:
+                    host.residency = fresh_residency(new)
+                elif host.residency is not None:
+                    host.residency.configured = new.max_loaded
                 host.config = new
             hosts[name] = host
         for name in self._hosts.keys() - hosts.keys():
@@ -415,13 +478,17 @@ class Hosts:
             host.flaps.fell(now, s.flap_window)
             # It may come back restarted with other settings: read /props again then.
             host.catalog.props_done = False
+            if host.residency is not None:
+                host.residency.props_read = False
             self._log.warn("host {host} is unhealthy: {reason}", host=name, reason=reason)
 
     async def _discover(self, name: str, host: HostEntry) -> None:
         before = self._parallels()
         current = lambda: self._hosts.get(name) is host  # noqa: E731 - not removed meanwhile
-        if await discover(self._prober(), name, host, self._log, current):
+        if await discover(self._prober(), name, host, self._log, current, self.tell_models):
             self._notify(before)
+        if current() and host.health.healthy:
+            self.router.keep(name, host, KEEP)
 
     def _prober(self) -> Prober:
         return Prober(self._get, self._clock, self._config.server.health_timeout)

@@ -67,7 +67,7 @@ def test_the_hosts_own_parallel_and_ctx_apply_to_every_discovered_model():
     w.http.set(TITAN + "/models", listing(qwen="loaded", gemma="sleeping"))
     w.rounds(1)
     assert [w.hosts.parallel("titan", m) for m in ("qwen", "gemma")] == [3, 3]
-    assert not [url for url in w.http.urls() if "/props" in url]
+    assert not [url for url in w.http.urls() if "/props?" in url]  # no model's settings
 
 
 def test_a_model_list_that_cannot_be_read_keeps_what_was_listed_before():
@@ -148,3 +148,82 @@ def test_what_a_route_serves_follows_each_new_listing_of_its_hosts():
     w.http.props(TITAN, 1, 8192, query=PROPS.format("qwen"))
     w.rounds(1)
     assert w.hosts.serving(convo).candidates("qwen") == ("titan", "atlas")  # route order
+
+
+def router_props(max_instances: int) -> tuple[int, bytes]:
+    body = {"role": "router", "max_instances": max_instances, "models_autoload": True}
+    return 200, json.dumps(body).encode()
+
+
+def test_how_many_models_a_router_holds_is_its_max_loaded_else_what_its_props_say():
+    w = router_world()
+    w.http.set(TITAN + "/props", router_props(2))
+    w.http.set(TITAN + "/models", listing(qwen="loaded", gemma="unloaded"))
+    w.rounds(2)
+    assert w.hosts.capacity("titan") == 2
+    assert w.http.urls().count(TITAN + "/props") == 1  # read once while the host stays up
+    configured = router_world(max_loaded=1)
+    configured.http.set(TITAN + "/props", router_props(4))
+    configured.http.set(TITAN + "/models", listing(qwen="loaded"))
+    configured.rounds(1)
+    assert configured.hosts.capacity("titan") == 1
+    assert TITAN + "/props" not in configured.http.urls()
+
+
+def test_a_routers_loads_and_unloads_seen_in_its_listing_are_told_with_their_reason():
+    w = router_world()
+    seen = []
+    w.hosts.model_listeners.append(seen.append)
+    w.http.set(TITAN + "/models", listing(qwen="loaded", gemma="unloaded"))
+    w.rounds(1)
+    w.http.set(TITAN + "/models", listing(qwen="unloaded", gemma="loading"))
+    w.rounds(1)
+    assert [(e.kind, e.model, e.reason) for e in seen] == [
+        ("unload", "qwen", "router"),
+        ("load", "gemma", "router"),
+    ]
+    assert list(w.hosts.model_events) == seen
+    assert any("host titan model qwen: unload (router)" in t for t in w.log.texts)
+
+
+def test_a_kept_model_the_router_lists_unloaded_is_loaded_again_through_its_api():
+    w = router_world(keep_loaded=["qwen"], max_loaded=2)
+    w.http.set(TITAN + "/models", listing(qwen="unloaded", gemma="loaded"))
+    w.rounds(1)
+    assert w.http.posted == [(TITAN + "/models/load", {"model": "qwen"})]
+    assert w.hosts.model_state("titan", "qwen") == "loading"
+    assert [(e.kind, e.reason) for e in w.hosts.model_events] == [("load", "keep")]
+    w.http.set(TITAN + "/models", listing(qwen="loaded", gemma="loaded"))
+    w.rounds(1)
+    assert len(w.http.posted) == 1  # loaded: nothing more to do
+
+
+def test_a_routers_props_that_fail_for_a_moving_model_are_no_warning():
+    w = router_world()
+    w.http.set(TITAN + "/models", listing(qwen="loaded"))
+    w.http.set(TITAN + "/props" + PROPS.format("qwen"), (500, b'{"error": "proxy error"}'))
+    w.rounds(1)
+    lines = [e for e in w.log.events if "cannot read /props for" in e.get("log_format", "")]
+    assert lines and all(e["log_level"].name == "info" for e in lines)
+    assert w.hosts.healthy("titan")
+
+
+def test_router_mode_keys_belong_to_router_mode_hosts_and_keep_a_place_free():
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "hosts": {
+                    "titan": {"url": TITAN, "models": ["qwen"], "max_loaded": 2},
+                    "atlas": {"url": ATLAS, "models": "discover", "max_loaded": 1,
+                              "keep_loaded": ["qwen"]},
+                }
+            }
+        )  # fmt: skip
+    assert info.value.errors == [
+        'hosts.titan.max_loaded: only for a router-mode host (models = "discover")',
+        "hosts.atlas.keep_loaded: keeps 1 model(s) loaded but max_loaded is 1: leave at least "
+        "one place for the others",
+    ]
+    ok = parse_config({"hosts": {"titan": {"url": TITAN, "models": "discover",
+                                           "swap_after": "1m", "keep_loaded": ["qwen"]}}})  # fmt: skip
+    assert ok.hosts["titan"].swap_after == 60.0 and ok.hosts["titan"].keep_loaded == ("qwen",)

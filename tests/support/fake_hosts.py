@@ -21,13 +21,16 @@ TITAN, ATLAS = "http://titan:8080", "http://atlas:8080"
 
 
 class FakeHTTP:
-    """A `Getter`: answers by URL from `answers` (status and body, an exception, or HANG).
+    """A `Getter`: answers by URL from `answers` (status and body, an exception, or HANG);
+    `post` is a `Poster` (a router's load and unload) answering `{"success": true}` unless
+    `answers` has the URL, and keeping what was posted in `posted`.
 
     `delay` makes answers arrive that many clock seconds later.
     """
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
+        self.posted: list[tuple[str, Any]] = []
         self.answers: dict[str, Any] = {}
         self.delay = 0.0
         self.calls: list[tuple[str, dict[str, str]]] = []
@@ -54,6 +57,10 @@ class FakeHTTP:
         if isinstance(answer, BaseException):
             return fail(answer) if not self.delay else self._later(fail, answer)
         return succeed(answer) if not self.delay else self._later(succeed, answer)
+
+    def post(self, url: str, headers: Mapping[str, str], body: bytes) -> Deferred[Any]:
+        self.posted.append((url, json.loads(body)))
+        return succeed(self.answers.get(url, (200, b'{"success": true}')))
 
     def _later(self, make: Any, value: Any) -> Deferred[Any]:
         d: Deferred[Any] = Deferred()
@@ -129,7 +136,10 @@ class World:
         self.http.health(ATLAS, 200)
 
     def make(self, cfg: Any) -> Hosts:
-        hosts = Hosts(cfg, self.clock, store=self.store, log=self.log.logger, get=self.http)
+        hosts = Hosts(
+            cfg, self.clock, store=self.store, log=self.log.logger, get=self.http,
+            post=self.http.post,
+        )  # fmt: skip
         hosts.add_listener(lambda h, m: self.changes.append((h, m)))
         return hosts
 
