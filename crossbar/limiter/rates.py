@@ -20,6 +20,11 @@ request's slot hold is compared with what these rates expected of it when it got
 the running mean of the ratio (its `factor`, within FACTOR_RANGE) scales every expected hold of
 the (host, model).
 
+A router-mode host loads a model on its first request (and again after unloading it): the
+request that made it load waits for the load before its first byte. That wait, less its prefill
+and overhead, is the (host, model)'s load time (`load`), a running mean; before one is seen, the
+mean of the model's other hosts' load times, else DEFAULT_LOAD.
+
 Before a (host, model) has answered, its rates are the mean of the model's other hosts'
 learned rates, else DEFAULT_PREFILL and DEFAULT_DECODE. A route's turns write `output_mean`
 tokens on average (a running mean of every answered turn's completion tokens), which is what a
@@ -39,6 +44,10 @@ Pair = tuple[str, str]  # (host, model)
 DEFAULT_PREFILL = 1000.0
 DEFAULT_DECODE = 30.0
 DEFAULT_OUTPUT = 256  # tokens a turn writes, until a route's answers say
+# Seconds a router takes to load a model, until one load has been seen: a big model's weights
+# from disk and its warm-up on a GPU box take tens of seconds (a 270M model on a CPU, about 1).
+DEFAULT_LOAD = 20.0
+_LOAD_WEIGHT = 0.5  # of the newest load in its (host, model)'s mean
 DECAY = 0.9  # of the older sums at each new sample: about the last ten answers count
 _OUTPUT_WEIGHT = 0.2  # of the newest completion in a route's running mean
 _OVERHEAD_WEIGHT = 0.2  # of the newest answer's overhead in its (host, model)'s mean
@@ -75,6 +84,7 @@ class Rates:
         self._output: dict[str, float] = {}
         self._overhead: dict[Pair, float] = {}
         self._factor: dict[Pair, float] = {}
+        self._load: dict[Pair, float] = {}
 
     def learn(
         self,
@@ -100,6 +110,24 @@ class Rates:
     def overhead(self, host: str, model: str) -> float:
         """Seconds a request of `model` holds a slot of `host` beyond its prefill and output."""
         return self._overhead.get((host, model), 0.0)
+
+    def learn_load(self, host: str, model: str, seconds: float) -> None:
+        """Loading `model` on router-mode `host` took `seconds`."""
+        _follow(self._load, (host, model), max(0.0, seconds), _LOAD_WEIGHT)
+
+    def load(self, host: str, model: str) -> float:
+        """Seconds `host` takes to load `model` (module doc: before one is seen)."""
+        own = self._load.get((host, model))
+        if own is not None:
+            return own
+        others = [s for (_, m), s in self._load.items() if m == model]
+        return sum(others) / len(others) if others else DEFAULT_LOAD
+
+    def load_source(self, host: str, model: str) -> str:
+        """Where `load` comes from: `learned`, `model` (its other hosts) or `default`."""
+        if (host, model) in self._load:
+            return "learned"
+        return "model" if any(m == model for _, m in self._load) else "default"
 
     def learn_hold(self, host: str, model: str, expected: float, held: float) -> None:
         """A request held its slot `held` seconds where `expected` were expected of it."""
@@ -154,7 +182,7 @@ class Rates:
 
     def forget(self, keep: set[str]) -> None:
         """Drop what was learned of hosts not in `keep` (a reload removed them)."""
-        for table in (self._prefill, self._decode, self._overhead, self._factor):
+        for table in (self._prefill, self._decode, self._overhead, self._factor, self._load):
             for pair in [p for p in table if p[0] not in keep]:
                 del table[pair]
 

@@ -20,6 +20,10 @@ the first in priority-then-fair order whose route is below its cap; and a releas
 capped route below its cap also lets that route's waiters on other (host, model)s into their
 free slots. So no waiter is left while its slot is free and its route below its cap.
 
+On a router-mode host that holds fewer models at once than are asked of it, a waiter is
+admitted only for a model the swap gate (swaps.py) lets run there: the loaded models' turns go
+before a load, within the host's `swap_after`.
+
 Retry-after hints (for `Retry-After`): the expected wait of a request joining the back of the
 queue now, `mean hold time x (queued + 1) / parallel`, where the mean is an exponentially
 weighted average of how long recent requests held their slot (before any has finished, a
@@ -46,6 +50,7 @@ from twisted.internet.interfaces import IReactorTime
 from crossbar.config import DEFAULT_LIMITS, Config, RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
 from crossbar.limiter.rates import Rates
+from crossbar.limiter.swaps import Demand, Places, SwapGate
 from crossbar.limiter.types import (
     LimiterError,
     Pair,
@@ -98,7 +103,10 @@ class Limiter:
         queue_timeout: float,
         config: Config | None = None,
         rates: Rates | None = None,
+        places: Places | None = None,
     ) -> None:
+        """`places`: how many models each host holds at once, and which it runs (router-mode
+        hosts: the swap gate); None: every model may always run."""
         self._clock = clock
         self.rates = rates if rates is not None else Rates()
         self._parallel = parallel
@@ -115,6 +123,10 @@ class Limiter:
         # valve judges again the turns waiting elsewhere (proxy/valve.py).
         self.on_moved: list[Callable[[str, str], None]] = []
         self._waiting: dict[Work, Waiter] = {}  # the waiter of each queued work
+        self._models: dict[str, set[str]] = {}  # host -> the models it has entries for
+        self.gate: SwapGate | None = None
+        if places is not None:
+            self.gate = SwapGate(clock, places, self._demand, self._models_on, self.wake)
 
     # -- the request path
 
@@ -140,8 +152,15 @@ class Limiter:
         slots = self._entry(key)
         self._admit(key, slots)  # parallel may have grown without a `resized` call
         state = self._route(route)
-        if slots.in_flight < self._limit(key) and state.below_cap():
+        gate = self.gate
+        if (
+            slots.in_flight < self._limit(key)
+            and state.below_cap()
+            and (gate is None or gate.admits(host, model))
+        ):
             # Whoever still waits here after _admit is at its route's cap: nobody is passed over.
+            if gate is not None:
+                gate.enter(host, model)
             slots.held += 1
             slots.admitted += 1
             state.held += 1
@@ -171,6 +190,8 @@ class Limiter:
             self._waiting[work] = waiter
         for listener in self.on_wait:
             listener(host, model, state.limits.priority)
+        if gate is not None:
+            gate.changed(host)  # a model waiting for a place times its bound
         return waiter.deferred
 
     def track(
@@ -181,6 +202,8 @@ class Limiter:
         key = (host, model)
         slots = self._entry(key)
         state = self._route(route)
+        if self.gate is not None:
+            self.gate.enter(host, model, force=True)
         slots.tracked += 1
         slots.tracked_total += 1
         state.tracked += 1
@@ -210,9 +233,18 @@ class Limiter:
         limit = self._limit(key)
         if limit == 0:
             return float("inf")
+        gated = 0.0
+        if self.gate is not None:
+            load = self.rates.load(host, model)
+            gated = self.gate.wait(host, model, lambda other: self._drain((host, other)), load)
         slots = self._slots.get(key)
         if slots is None:
-            return 0.0
+            return gated
+        return gated + self._slot_wait(key, slots, limit, before)
+
+    def _slot_wait(self, key: Pair, slots: SlotEntry, limit: int, before: Work | None) -> float:
+        """`expected_wait` on the slots alone."""
+        host, model = key
         mine = self._waiting.get(before) if before is not None else None
         rank = None if mine is None else self._rank(mine)
         ahead = [
@@ -235,6 +267,27 @@ class Limiter:
         for work in ahead:
             heapq.heapreplace(frees, frees[0] + factor * _cost(work, pace))
         return frees[0]
+
+    def _drain(self, key: Pair) -> float:
+        """Seconds until every running and waiting request of (host, model) is done, played
+        forward on its slots."""
+        slots = self._slots.get(key)
+        if slots is None or (not slots.in_flight and not slots.waiters):
+            return 0.0
+        limit = max(1, self._limit(key))
+        pace = self._pace(*key)
+        factor = self.rates.factor(*key)
+        now = self._clock.seconds()
+        frees = sorted(_remaining(w, now, pace, factor) for w in slots.running)
+        ends = list(frees)
+        frees = (frees + [0.0] * limit)[:limit]
+        heapq.heapify(frees)
+        for waiter in slots.waiters:
+            cost = factor * _cost(waiter.work, pace) if waiter.work is not None else 0.0
+            end = heapq.heappop(frees) + cost
+            ends.append(end)
+            heapq.heappush(frees, end)
+        return max(ends, default=0.0)
 
     def queued_prefill(self, host: str, model: str) -> int:
         """Prompt tokens the waiters of (host, model) will have its host prefill."""
@@ -270,6 +323,8 @@ class Limiter:
         self._queue_timeout = config.server.queue_timeout
         self._config = config
         self.rates.forget(set(config.hosts))
+        if self.gate is not None:
+            self.gate.forget(set(config.hosts))
         for name, state in self._routes.items():
             state.limits = self._limits_of(name, state.limits)
         for slots in self._slots.values():
@@ -357,12 +412,40 @@ class Limiter:
             )
         return states
 
+    # -- the swap gate's view
+
+    def wake(self, host: str) -> None:
+        """Admit what may start on `host` now (the swap gate opened a place, or news of what
+        the host runs came)."""
+        for model in sorted(self._models.get(host, ())):
+            key = (host, model)
+            slots = self._slots[key]
+            if slots.waiters:
+                self._admit(key, slots)
+
+    def _models_on(self, host: str) -> set[str]:
+        return self._models.get(host, set())
+
+    def _demand(self, host: str, model: str) -> Demand:
+        slots = self._slots.get((host, model))
+        if slots is None:
+            return 0, 0, None
+        oldest = min((w.enqueued for w in slots.waiters), default=None)
+        return slots.in_flight, len(slots.waiters), oldest
+
+    def _moved_on(self, key: Pair) -> None:
+        """Something of (host, model) ended or left: the gate may close or give a place."""
+        gate = self.gate
+        if gate is not None and gate.changed(key[0]):
+            self.wake(key[0])
+
     # -- internals
 
     def _entry(self, key: Pair) -> SlotEntry:
         slots = self._slots.get(key)
         if slots is None:
             slots = self._slots[key] = SlotEntry(FairQueue(self._route_limits))
+            self._models.setdefault(key[0], set()).add(key[1])
         return slots
 
     @staticmethod
@@ -452,16 +535,22 @@ class Limiter:
                 # The route's cap may have freed a place: its waiters elsewhere may take it.
                 for pair in sorted(p for p in state.waiting if p != key):
                     self._admit(pair, self._slots[pair])
+            self._moved_on(key)
             self._forget_if_idle(state)
             self._moved(key)
 
         return release
 
     def _admit(self, key: Pair, slots: SlotEntry) -> None:
+        gate = self.gate
         while slots.in_flight < self._limit(key):
+            if gate is not None and slots.waiters and not gate.admits(*key):
+                return
             waiter = slots.waiters.take(self._eligible)
             if waiter is None:
                 return
+            if gate is not None:
+                gate.enter(*key)
             state = self._routes[waiter.route]
             self._unwait(state, key)
             assert waiter.timer is not None and waiter.deferred is not None
@@ -494,6 +583,7 @@ class Limiter:
         assert waiter.timer is not None
         waiter.timer.cancel()
         self._unqueue(waiter)
+        self._moved_on(key)
         self._moved(key)
 
     def _unqueue(self, waiter: Waiter) -> None:
@@ -507,6 +597,7 @@ class Limiter:
         self._unwait(state, key)
         self._forget_if_idle(state)
         self._unqueue(waiter)
+        self._moved_on(key)
         self._moved(key)
         assert waiter.deferred is not None
         host, model = key
