@@ -1,6 +1,8 @@
-"""The operator's actions: release, pin, unpin, drain, evacuate, reload (docs/operator-guide.md,
-"Leases, pins, draining"). Each is made durable before it is acknowledged, and refused (503)
-while the store cannot be written. Plain methods: the routes that call them are api.py's."""
+"""The operator's actions: release, pin, unpin, drain, evacuate, reload, and a router-mode
+host's model load and unload (docs/operator-guide.md, "Leases, pins, draining"). Each is made
+durable before it is acknowledged, and refused (503) while the store cannot be written (a
+model's load and unload are the router's: nothing of them is stored). Plain methods: the
+routes that call them are api.py's."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from twisted.logger import Logger
 
 from crossbar.config import Config, ConfigError
 from crossbar.handoff import Evacuator
-from crossbar.hosts import Hosts, NoSuchHost
+from crossbar.hosts import Hosts, NoSuchHost, NotARouter, RouterRefused, UnknownModel
 from crossbar.leases import Table
 from crossbar.wire import ClientError, bad_request, not_found
 
@@ -103,6 +105,30 @@ class Actions:
             raise not_found(f"no host named {name!r} in the config") from None
         log.info("admin: evacuating {host}", host=name)
         return {"host": name, "draining": True, "evacuation": evacuation.view()}
+
+    async def model(self, name: str, model: str, load: bool) -> dict[str, Any]:
+        """Load (or unload) `model` on router-mode host `name` through the router's own API;
+        the model's state as crossbar knows it after. 404 for an unknown host or model, 409
+        for a host that is not a router, 502 when the router refused or did not answer."""
+        router = self._hosts.router
+        try:
+            state = await (router.load(name, model) if load else router.unload(name, model))
+        except NoSuchHost:
+            raise not_found(f"no host named {name!r} in the config") from None
+        except NotARouter:
+            raise ClientError(
+                409, "invalid_request_error",
+                f"host {name!r} is not a router-mode host (models = \"discover\")",
+            ) from None  # fmt: skip
+        except UnknownModel:
+            raise not_found(f"host {name!r} does not list model {model!r}") from None
+        except RouterRefused as e:
+            what = "load" if load else "unload"
+            raise ClientError(502, "bad_gateway", f"host {name!r} did not {what} {model!r}: "
+                              f"{e.reason}") from None  # fmt: skip
+        log.info("admin: host {host} {what} {model}", host=name, model=model,
+                 what="loads" if load else "unloads")  # fmt: skip
+        return {"host": name, "model": model, "state": state}
 
     async def reload(self, config: Config) -> dict[str, Any]:
         """Read the config file again; a bad one is refused (ReloadRefused) and changes

@@ -206,6 +206,32 @@ class Admin:
         each prewarmed on its new host; the answer (and GET /api/hosts) shows the progress."""
         return await self._actions.evacuate(name)
 
+    @app.route("/api/hosts/<name>/models/<model>/load", methods=["POST"])
+    @api
+    async def load_model(self, request: Any, name: str, model: str) -> dict[str, Any]:
+        """POST /api/hosts/<name>/models/<model>/load: the router loads the model."""
+        return await self._actions.model(name, model, load=True)
+
+    @app.route("/api/hosts/<name>/models/<model>/unload", methods=["POST"])
+    @api
+    async def unload_model(self, request: Any, name: str, model: str) -> dict[str, Any]:
+        """POST /api/hosts/<name>/models/<model>/unload: the router unloads the model."""
+        return await self._actions.model(name, model, load=False)
+
+    @app.route("/api/models/events", methods=["GET"])
+    @api
+    async def model_events(self, request: Any) -> dict[str, Any]:
+        """GET /api/models/events: the latest model loads and unloads seen or caused, newest
+        first (`host`, `model` to filter; `limit`, default 100)."""
+        host, model = arg(request, "host"), arg(request, "model")
+        limit = limit_arg(request, MAX_EVENTS, default=100)
+        found = [
+            e.as_dict()
+            for e in reversed(self._hosts.model_events)
+            if (not host or e.host == host) and (not model or e.model == model)
+        ]
+        return {"events": found[:limit]}
+
     @app.route("/api/reload", methods=["POST"])
     @api
     async def reload(self, request: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from crossbar.admin.labels import UNKNOWN, Seen, host_stands, label_stands, route_label
 from crossbar.cluster import Instances
 from crossbar.config import Config
-from crossbar.hosts import Hosts
+from crossbar.hosts import Hosts, ModelEvent
 from crossbar.leases import Table, Warmth
 from crossbar.limiter import Limiter
 from crossbar.proxy import ContextGuard, UsageRecorder
@@ -144,6 +144,20 @@ class Metrics:
             ["key"],
             registry=r,
         )
+        self.model_loads = Counter(
+            "crossbar_model_loads",
+            "Model loads on router-mode hosts crossbar saw or caused, by host, model and "
+            "reason (request, keep, operator, router).",
+            ["host", "model", "reason"],
+            registry=r,
+        )
+        self.model_unloads = Counter(
+            "crossbar_model_unloads",
+            "Model unloads (and failed loads: reason failed) on router-mode hosts crossbar saw "
+            "or caused, by host, model and reason (swap, operator, router).",
+            ["host", "model", "reason"],
+            registry=r,
+        )
         self.key_tokens = Counter(
             "crossbar_key_tokens",
             "Tokens of named client keys by key and kind: prompt, cached, completion.",
@@ -257,6 +271,16 @@ class Metrics:
         if event.from_host and event.to_host and event.model:  # not a pin row
             self.lease_moves.labels(event.reason).inc()
 
+    def model_event(self, event: ModelEvent) -> None:
+        """A model load or unload on a router-mode host (a Hosts model listener)."""
+        if event.host not in self.config.hosts:
+            return
+        if event.kind == "load":
+            self.model_loads.labels(event.host, event.model, event.reason).inc()
+        else:
+            reason = "failed" if event.kind == "fail" else event.reason
+            self.model_unloads.labels(event.host, event.model, reason).inc()
+
     def row_labels(self, row: UsageRow) -> tuple[str, str, str]:
         """The bounded (route, host, model) labels of a row, as every series here has them."""
         return self._labels(row)
@@ -304,6 +328,7 @@ class _Live:
         m = self._metrics
         yield from _slots(m.config, m.hosts, m.limiter)
         yield from _hosts(m.config, m.hosts, m.table)
+        yield from _routers(m.config, m.hosts, m.limiter)
         if m.warmth is not None:
             yield from _warmth(m.config, m.warmth)
         ratio = GaugeMetricFamily(
@@ -502,6 +527,38 @@ def _hosts(config: Config, hosts: Hosts, table: Table) -> Iterator[Metric]:
         "Bugs caught in health probe rounds (a probe that fails is not one).",
         value=hosts.probe_errors,
     )
+
+
+def _routers(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
+    """Router-mode hosts: how many models each holds, which are loaded, their load times."""
+    places = GaugeMetricFamily(
+        "crossbar_host_max_loaded",
+        "Models a router-mode host holds at once (max_loaded, its /props, or learned; absent "
+        "while unknown).",
+        labels=["host"],
+    )
+    loaded = GaugeMetricFamily(
+        "crossbar_model_loaded",
+        "1 while a router-mode host has the model loaded or loading, else 0.",
+        labels=["host", "model"],
+    )
+    seconds = GaugeMetricFamily(
+        "crossbar_model_load_seconds",
+        "Seconds the host takes to load the model: learned from its loads, else the model's "
+        "other hosts', else the default.",
+        labels=["host", "model"],
+    )
+    for name in config.hosts:
+        residency = hosts.residency(name)
+        if residency is None:
+            continue
+        if residency.capacity is not None:
+            places.add_metric([name], residency.capacity)
+        running = set(residency.running())
+        for model in hosts.models(name):
+            loaded.add_metric([name, model.name], 1 if model.name in running else 0)
+            seconds.add_metric([name, model.name], limiter.rates.load(name, model.name))
+    yield from (places, loaded, seconds)
 
 
 def _store(m: Metrics) -> Iterator[Metric]:

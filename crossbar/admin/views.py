@@ -100,16 +100,35 @@ def host_rows(
     and free slots, this instance's `share` of the host's `parallel` slots (all of them unless
     other instances share the store), the table's lease count, the host's learned rates, the
     prompt tokens its waiters will prefill and the expected wait; and per host the routes
-    pinned to it and its cache truth (evictions, warm capacity; leases/warmth.py)."""
+    pinned to it and its cache truth (evictions, warm capacity; leases/warmth.py); a router-mode
+    host's places (`router`: how many models it holds, which run, which the swap gate lets run)
+    and each model's state as crossbar knows it and its load time."""
     pins = table.pins()
     rows = hosts.status()
+    gate = limiter.gate
     for host in rows:
         name = host["name"]
         host["pinned_routes"] = sorted(route for route, h in pins.items() if h == name)
         if warmth is not None:
             host["cache"] = warmth.status(name)
+        residency = hosts.residency(name)
+        host["router"] = None
+        if residency is not None:
+            host["router"] = {
+                **residency.status(),
+                "open": [] if gate is None else gate.open_models(name),
+                "closing": [] if gate is None else sorted(gate.closing(name)),
+                "keep_loaded": list(hosts.kept(name)),
+                "swap_after": hosts.swap_after(name),
+            }
         for model in host["models"]:
             m = model["name"]
+            if residency is not None:
+                model["state"] = residency.state(m)
+                model["load_seconds"] = round(limiter.rates.load(name, m), 3)
+                model["load_seconds_source"] = limiter.rates.load_source(name, m)
+            else:
+                model["load_seconds"] = model["load_seconds_source"] = None
             model["in_flight"] = limiter.in_flight(name, m)
             model["queued"] = limiter.queued(name, m)
             model["queued_by_route"] = limiter.queued_by_route(name, m)

@@ -30,6 +30,7 @@ from crossbar.proxy import (
     AdminSite,
     ContextGuard,
     IdMemory,
+    LoadedModels,
     Placement,
     ProxyResource,
     ProxySite,
@@ -69,6 +70,7 @@ class Parts:
     follower: Follower
     handoff: HandoffParts
     sweep: Sweep
+    loaded: LoadedModels | None = None  # which models router-mode hosts have loaded
     tracing: Tracing | None = None  # [tracing]: spans, and the GenAI metrics beside them
     genai: GenAIMetrics | None = None
 
@@ -109,7 +111,9 @@ async def build_parts(
     instances = Instances(
         store, config, instance, __version__, reactor.seconds(), journal.report, reactor
     )
-    limiter = Limiter(reactor, SharedSlots(hosts, instances), s.queue_max, s.queue_timeout, config)
+    limiter = Limiter(
+        reactor, SharedSlots(hosts, instances), s.queue_max, s.queue_timeout, config, places=hosts
+    )
     # What each part hears of the others, all here.
     instances.count_in_flight = limiter.total_in_flight
     instances.count_slots = limiter.in_flight_by_pair
@@ -117,8 +121,15 @@ async def build_parts(
     hosts.add_listener(limiter.resized)  # discovery or a reload changed a host's slots
     since = await store.last_change()  # before the leases: what comes after, the follower applies
     warmth = Warmth(config, reactor)
-    chooser = Chooser(limiter, held=hosts.held_down, known=hosts.knows_parallel, warmth=warmth)
+    loaded = LoadedModels(hosts, limiter, warmth, reactor)
+    hosts.model_listeners.append(loaded.model_event)
+    if limiter.gate is not None:
+        limiter.gate.on_open.append(loaded.opened)
+    chooser = Chooser(
+        limiter, held=hosts.held_down, known=hosts.knows_parallel, warmth=warmth, loads=loaded
+    )
     table = await Table.load(store, hosts, chooser, s.lease_idle, journal)
+    loaded.table = table
     table.listeners.append(warmth.lease_event)
     if len(table) >= _FREEZE_FROM:
         # The loaded leases live long: out of the collector's full passes, which otherwise
@@ -133,6 +144,7 @@ async def build_parts(
     usage = UsageRecorder(store, ids, guard, reactor, journal)
     metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth, tenants)
     table.listeners.append(metrics.lease_event)
+    hosts.model_listeners.append(metrics.model_event)
     usage.log_line = log_request
     usage.observers.append(metrics.observe)
     upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
@@ -147,7 +159,7 @@ async def build_parts(
     sweep = Sweep(config, table, store, reactor)
     return Parts(
         reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
-        metrics, instances, tenants, follower, handoff, sweep, tracing, genai,
+        metrics, instances, tenants, follower, handoff, sweep, loaded, tracing, genai,
     )  # fmt: skip
 
 
@@ -184,11 +196,11 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     """The client-facing site and the admin site over `parts`; `reload` is what
     `POST /api/reload` calls."""
     p = parts
-    placement = Placement(p.table, p.hosts, p.warmth, p.clock)
-    valve = Valve(p.clock, p.table, p.hosts, p.limiter, p.warmth)
+    placement = Placement(p.table, p.hosts, p.warmth, p.clock, p.loaded)
+    valve = Valve(p.clock, p.table, p.hosts, p.limiter, p.warmth, p.loaded)
     resource = ProxyResource(
         config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
-        p.handoff.handoff, p.tenants, p.tracing, valve,
+        p.handoff.handoff, p.tenants, p.tracing, valve, p.loaded,
     )  # fmt: skip
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,

@@ -32,11 +32,22 @@ def _hosts(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
             if m.get("share", m["parallel"]) != m["parallel"]:  # other instances hold the rest
                 slots += f" of {m['parallel']}"
             waiting = ",".join(f"{r}={n}" for r, n in m.get("queued_by_route", {}).items())
-            rows.append([h["name"], health, h["draining"], m["name"], slots, m["queued"],
-                         m["leases"], m["ctx"], waiting or None, h["reason"]])  # fmt: skip
-    heads = ["HOST", "HEALTH", "DRAINING", "MODEL", "SLOTS", "QUEUED", "LEASES", "CTX", "WAITING",
-             "REASON"]  # fmt: skip
-    return answer, table(heads, rows)
+            rows.append([h["name"], health, h["draining"], m["name"], m.get("state") or "-",
+                         slots, m["queued"], m["leases"], m["ctx"], waiting or None,
+                         h["reason"]])  # fmt: skip
+    heads = ["HOST", "HEALTH", "DRAINING", "MODEL", "STATE", "SLOTS", "QUEUED", "LEASES", "CTX",
+             "WAITING", "REASON"]  # fmt: skip
+    if not any(h.get("router") for h in answer["hosts"]):  # no router-mode host: no states
+        heads.remove("STATE")
+        rows = [row[:4] + row[5:] for row in rows]
+    text = table(heads, rows)
+    for h in answer["hosts"]:
+        router = h.get("router")
+        if router:
+            places = router["max_loaded"] if router["max_loaded"] is not None else "unknown"
+            running = ", ".join(router["running"]) or "none"
+            text += f"\n{h['name']}: router holding {places} model(s) at once; running {running}"
+    return answer, text
 
 
 def _pages(c: AdminClient, path: str, key: str, a: argparse.Namespace, **query: Any) -> Any:
@@ -121,6 +132,23 @@ def _evacuate(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     from crossbar.cli.evacuate import evacuate  # it builds on this module
 
     return evacuate(c, a)
+
+
+def _load(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/models/{seg(a.model)}/load")
+    return answer, f"host {a.host} model {a.model}: {answer['state']}"
+
+
+def _unload(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/models/{seg(a.model)}/unload")
+    return answer, f"host {a.host} model {a.model}: {answer['state']}"
+
+
+def _model_events(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    answer = c.call("GET", "/api/models/events", host=a.host, model=a.model, limit=a.limit)
+    rows = [[when(e["at"]), e["host"], e["model"], e["kind"], e["reason"]]
+            for e in answer["events"]]  # fmt: skip
+    return answer, table(["AT", "HOST", "MODEL", "EVENT", "REASON"], rows)
 
 
 def _events(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
@@ -322,6 +350,17 @@ def add_parser(sub: Any) -> None:
     p = cmd("evacuate", _evacuate, "drain HOST and move its conversations away, prewarmed")
     p.add_argument("host")
     p.add_argument("--no-wait", action="store_true", help="start it and return")
+    p = cmd("load", _load, "router-mode HOST loads MODEL (through the router's own API)")
+    p.add_argument("host")
+    p.add_argument("model")
+    p = cmd("unload", _unload, "router-mode HOST unloads MODEL; its conversations there go cold")
+    p.add_argument("host")
+    p.add_argument("model")
+    p = cmd("model-events", _model_events, "model loads and unloads on router-mode hosts")
+    p.add_argument("--host", help="only this host")
+    p.add_argument("--model", help="only this model")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many (default: the API's, 100)")  # fmt: skip
     p = cmd("events", _events, "lease events, newest first")
     p.add_argument("--route", help="only this route")
     p.add_argument("--limit", type=int, default=None,

@@ -4,7 +4,7 @@ journal that carries changes to the store and keeps them through an outage. The 
 the `LeaseStore` protocol; hosts behind `HostStates`.
 """
 
-from crossbar.leases.chooser import Chooser
+from crossbar.leases.chooser import EVICTS, FREE_PLACE, KEPT, LOADED, NEVER, SPARE, Chooser
 from crossbar.leases.journal import DEADLINE_SLACK, Journal, StoreUnavailable
 from crossbar.leases.memory import LeaseMemory
 from crossbar.leases.table import Table
@@ -23,6 +23,12 @@ from crossbar.leases.warmth import Warmth
 
 __all__ = [
     "DEADLINE_SLACK",
+    "EVICTS",
+    "FREE_PLACE",
+    "KEPT",
+    "LOADED",
+    "NEVER",
+    "SPARE",
     "Acquired",
     "Change",
     "Chooser",

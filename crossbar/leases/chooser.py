@@ -4,8 +4,10 @@
 The table knows the leases (how many each host holds for the model, counting placements still
 being written, and which hosts peer routes use); the limiter knows the slots and what each host
 is doing now (in flight and queued); the cache truth (warmth.py) knows which hosts have room to
-keep one more conversation warm. `Chooser.choose` gathers them into one `HostView` per candidate
-and `pick` ranks them: no part of it reaches back into the table.
+keep one more conversation warm; on router-mode hosts, what it would take to run the model
+there (`Loads.tier`: kept, loaded, a load into a free place, or a load that unloads another).
+`Chooser.choose` gathers them into one `HostView` per candidate and `pick` ranks them: no part
+of it reaches back into the table.
 """
 
 from __future__ import annotations
@@ -31,6 +33,20 @@ class Capacity(Protocol):
     def queued(self, host: str, model: str) -> int: ...
 
 
+# What running the model on a host takes (`Loads.tier`), best first: a host that keeps it
+# loaded (`keep_loaded`); one where it is loaded, loading or on its way (every host that is not
+# a router); a load into a free place; a load that unloads a model nobody is using there (or
+# that another host has loaded too); a load that unloads the only host of a model with active
+# conversations; never (it failed to load there, or every place is kept for other models).
+KEPT, LOADED, FREE_PLACE, SPARE, EVICTS, NEVER = range(6)
+
+
+class Loads(Protocol):
+    """Which hosts have which models loaded (crossbar.proxy.LoadedModels)."""
+
+    def tier(self, host: str, model: str) -> int: ...
+
+
 class Room(Protocol):
     """Which hosts can keep one more conversation warm (crossbar.leases.Warmth)."""
 
@@ -49,6 +65,7 @@ class HostView:
     held: bool = False  # held out of new placements after flapping (hosts/flaps.py)
     busy: int = 0  # requests in flight and queued here for the model now
     room: bool = True  # its cache keeps the new conversation warm beside its active ones
+    tier: int = LOADED  # what running the model here takes (above)
 
 
 def pick(views: Sequence[HostView]) -> str | None:
@@ -56,22 +73,28 @@ def pick(views: Sequence[HostView]) -> str | None:
 
     Order of preference: a host not held down after flapping (a flapping host holds the
     fewest leases because it keeps losing them, which must not draw new ones to it; it is
-    still used when every candidate is held); then one with room to keep the conversation warm
-    (a conversation placed where it is evicted pays its prefill again every turn); then a peer
-    host (their caches likely share prefixes); then the lowest leases/parallel (placements
-    being written count, so conversations arriving together spread as if one by one; exact
-    fractions keep 1/3 and 2/6 equal so the next level decides); then the lowest
-    busy/parallel (what the host does now); then the most free slots; then the candidates'
-    (config) order. A parallel below 1 counts as one slot, never a division by zero.
+    still used when every candidate is held); then the best tier (a model load costs seconds
+    to minutes and an unload wipes another model's cache: a host that has the model loaded
+    goes before any that would load it, and a free place before an unload); then one with room
+    to keep the conversation warm (a conversation placed where it is evicted pays its prefill
+    again every turn); then a peer host (their caches likely share prefixes); then the lowest
+    leases/parallel (placements being written count, so conversations arriving together
+    spread as if one by one; exact fractions keep 1/3 and 2/6 equal so the next level
+    decides); then the lowest busy/parallel (what the host does now); then the most free
+    slots; then the candidates' (config) order. A parallel below 1 counts as one slot, never
+    a division by zero.
     """
     if not views:
         return None
 
-    def rank(item: tuple[int, HostView]) -> tuple[bool, bool, bool, Fraction, Fraction, int, int]:
+    def rank(
+        item: tuple[int, HostView],
+    ) -> tuple[bool, int, bool, bool, Fraction, Fraction, int, int]:
         order, v = item
         slots = max(v.parallel, 1)
         return (
             v.held,
+            v.tier,
             not v.room,
             not v.peer,
             Fraction(v.leases, slots),
@@ -104,6 +127,7 @@ class Chooser:
     # Whether a host's slots for the model are known yet (configured or read from /props).
     known: Callable[[str, str], bool] = _always_known
     warmth: Room | None = None
+    loads: Loads | None = None
 
     def choose(
         self,
@@ -121,7 +145,9 @@ class Chooser:
 
         A host whose slots are not known yet is weighed as one with the known candidates'
         typical `parallel` (their mean): neither preferred nor penalised for it."""
-        cap, held, known, warmth = self.capacity, self.held, self.known, self.warmth
+        cap, held, known, warmth, loads = (
+            self.capacity, self.held, self.known, self.warmth, self.loads,
+        )  # fmt: skip
         parallels = {h: cap.parallel(h, model) for h in candidates}
         sure = [p for h, p in parallels.items() if p > 0 and known(h, model)]
         typical = max(1, round(sum(sure) / len(sure))) if sure else 1
@@ -136,5 +162,6 @@ class Chooser:
             if leaving is not None and leaving.host == h:
                 count -= 1
             room = True if warmth is None else warmth.room(h, need, leaving)
-            views.append(HostView(h, h in peers, count, parallel, free, held(h), busy, room))
+            tier = LOADED if loads is None else loads.tier(h, model)
+            views.append(HostView(h, h in peers, count, parallel, free, held(h), busy, room, tier))
         return pick(views)

@@ -393,6 +393,10 @@ class Table:
         """Leases chosen for (host, model) whose writes have not landed yet."""
         return self._placing[(host, model)]
 
+    def placing_on(self, host: str) -> set[str]:
+        """The models of the leases chosen for `host` whose writes have not landed yet."""
+        return {m for (h, m), n in self._placing.items() if h == host and n}
+
     async def _place(self, key: Key, host: str, now: float, reason: str, origin: str) -> None:
         """Make or move `key`'s lease, if the store still has it where we think (`origin`).
 

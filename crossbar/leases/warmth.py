@@ -123,6 +123,17 @@ class HostWarmth:
         else:
             self.learned += _LEARN_WEIGHT * (sample - self.learned)
 
+    def active_of(self, model: str, now: float) -> tuple[int, int]:
+        """The active conversations of `model` here, and their tokens."""
+        self._expire(now)
+        held = [tokens for key, (tokens, _) in self._active.items() if key.model == model]
+        return len(held), sum(held)
+
+    def forget_model(self, model: str) -> None:
+        """`model` was unloaded here: its conversations hold nothing here any more."""
+        for key in [k for k in self._active if k.model == model]:
+            self.drop(key)
+
     def drop(self, key: Key) -> None:
         old = self._active.pop(key, None)
         if old is not None:

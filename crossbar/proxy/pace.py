@@ -59,29 +59,45 @@ def held_on(
     return min(prompt, shared)
 
 
-def learn(rates: Rates, call: Call, ex: Exchange, sent: float, ended: float) -> None:
+def learn(
+    rates: Rates,
+    call: Call,
+    ex: Exchange,
+    sent: float,
+    ended: float,
+    loading: float | None = None,
+) -> float:
     """Teach `rates` what a complete answer says of its host's pace and its route's output:
     llama.cpp's `timings` when the answer has them, else what crossbar saw of a stream (the
-    time to its first byte for the prefill, the rest for the output)."""
+    time to its first byte for the prefill, the rest for the output). `loading`: when the
+    model began to load on a router-mode host, the request waiting for it; its wait for the
+    first byte then teaches nothing of the host's pace, and what of it the prefill and the
+    host's overhead do not explain is returned (the load's seconds; 0 when unknown)."""
     tokens = ex.tokens
     if ex.status != 200 or ex.error:
-        return
+        return 0.0
     rates.learn_output(call.route.name, tokens.completion)
     prefilled = max(0, tokens.prompt - tokens.cached)
-    if tokens.prompt_ms > 0 or tokens.predicted_ms > 0:
+    timed = tokens.prompt_ms > 0 or tokens.predicted_ms > 0
+    if timed:
         prefill_s, decode_s = tokens.prompt_ms / 1000, tokens.predicted_ms / 1000
         decoded = tokens.completion
-    elif ex.stream and ex.first_byte is not None:
+    elif ex.stream and ex.first_byte is not None and loading is None:
         # The first event carries the first token: the rest are the decode's.
         prefill_s, decode_s = ex.first_byte - sent, ended - ex.first_byte
         decoded = tokens.completion - 1
     else:
-        return
+        return 0.0
     if not (math.isfinite(prefill_s) and math.isfinite(decode_s)):
-        return
+        return 0.0
     rates.learn(ex.host, call.model, prefilled, prefill_s, decoded, decode_s)
-    if ex.first_byte is not None and (tokens.prompt_ms > 0 or tokens.predicted_ms > 0):
-        # What the host's timings leave out of the wait for the first byte: the exchange,
-        # tokenizing, templating (and the output too, for an answer that comes whole).
-        before = ex.first_byte - sent - prefill_s - (0.0 if ex.stream else decode_s)
+    if ex.first_byte is None or not timed:
+        return 0.0
+    # What the host's timings leave out of the wait for the first byte: the exchange,
+    # tokenizing, templating (and the output too, for an answer that comes whole), and a load.
+    before = ex.first_byte - sent - prefill_s - (0.0 if ex.stream else decode_s)
+    if loading is None:
         rates.learn_overhead(ex.host, call.model, before)
+        return 0.0
+    waited = ex.first_byte - min(sent, loading) - prefill_s - (0.0 if ex.stream else decode_s)
+    return max(0.0, waited - rates.overhead(ex.host, call.model))

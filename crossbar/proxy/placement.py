@@ -15,6 +15,9 @@ Which requests make which lease (docs/architecture.md, "Which requests make a le
   `refused`): a request nobody could serve places nothing;
 - an answered turn tells the cache truth (leases/warmth.py): a conversation whose host evicted its
   prefix is placed again at its next turn (event reason `cold`), as a new one would be;
+- a conversation whose router-mode host unloaded its model since its last turn has lost its
+  cache there: its next turn follows the model to a host that has it loaded, if one does
+  (event reason `unloaded`), else stays and has it loaded back (loaded.py);
 - a named key's conversation with no lease of its own, whose fingerprint before the key scoped
   it (fingerprint.scoped) has a lease made before this instance started (by a version that did
   not scope it), gets a new lease on that lease's host if it can take new ones: the first turn
@@ -29,6 +32,7 @@ from twisted.logger import Logger
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, Lease, Table, Warmth
 from crossbar.proxy.call import Call
+from crossbar.proxy.loaded import LoadedModels
 from crossbar.wire import Kind, Tokens
 
 log = Logger(namespace="crossbar.placement")
@@ -43,11 +47,20 @@ def refusal(status: int) -> bool:
 class Placement:
     """The lease step: `place` before a call is sent, `refused` / `answered` after."""
 
-    def __init__(self, table: Table, hosts: Hosts, warmth: Warmth, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        table: Table,
+        hosts: Hosts,
+        warmth: Warmth,
+        clock: IReactorTime,
+        models: LoadedModels | None = None,
+    ) -> None:
+        """`models`: which models router-mode hosts have loaded (None: every model always is)."""
         self._table = table
         self._hosts = hosts
         self._warmth = warmth
         self._clock = clock
+        self._models = models
         self._started = clock.seconds()  # leases made before this were made without scoping
 
     @property
@@ -65,6 +78,12 @@ class Placement:
 
     async def place(self, call: Call) -> Acquired:
         """The host for `call`; raises the table's LeaseError (NoHost, PinnedDown)."""
+        acquired = await self._place(call)
+        if self._models is not None and call.kind is Kind.INFERENCE:
+            self._models.expect(acquired.host, call.model)
+        return acquired
+
+    async def _place(self, call: Call) -> Acquired:
         table, key = self._table, call.key
         if call.origin is not None and self._hosts.healthy(call.origin):
             pinned = table.pinned(key.route) is not None
@@ -78,6 +97,16 @@ class Placement:
         now = self._clock.seconds()
         if call.kind is Kind.INFERENCE:
             lease = table.lease(key)
+            models = self._models
+            if lease is not None and models is not None:
+                if models.unloaded_since(lease.host, key.model, lease.last_used):
+                    home = lease.host
+                    loaded = models.loaded_elsewhere(call.candidates, home, key.model)
+                    if loaded:
+                        hosts = [h for h in call.candidates if h == home or h in loaded]
+                        moved = await table.rehome(key, hosts, now, peers, reason="unloaded")
+                        if moved is not None:
+                            return moved
             if lease is not None and lease.cold:
                 moved = await table.rehome(key, call.candidates, now, peers)
                 if moved is not None:
@@ -115,6 +144,10 @@ class Placement:
         if before is not None and moved:
             if before.cold:
                 why = "cold"
+            elif self._models is not None and self._models.unloaded_since(
+                before.host, before.key.model, before.last_used
+            ):
+                why = "unloaded"
             elif before.host not in call.candidates:
                 why = "config"
             elif not self._hosts.healthy(before.host):

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -24,7 +25,7 @@ from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, LeaseError, NoHost
 from crossbar.limiter import Limiter, Release, Work
-from crossbar.proxy import cors, pace, traced
+from crossbar.proxy import cors, pace, swapping, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
 from crossbar.proxy.fallback import (
@@ -39,6 +40,7 @@ from crossbar.proxy.fallback import (
 )
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
+from crossbar.proxy.loaded import LoadedModels
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception, for_key
 from crossbar.proxy.routing import (
@@ -63,6 +65,7 @@ from crossbar.wire import (
     KeepingRelay,
     Kind,
     Outgoing,
+    ReadAnswer,
     Relay,
     Tokens,
     Upstream,
@@ -141,9 +144,11 @@ class ProxyResource(Resource):
         tenants: Tenants | None = None,
         tracing: Tracing | None = None,
         valve: Valve | None = None,
+        loaded: LoadedModels | None = None,
     ) -> None:
         """`tracing`: crossbar's spans (None, the default: tracing off, and no cost);
-        `valve`: moves queued turns where they start sooner (None: every turn waits at home)."""
+        `valve`: moves queued turns where they start sooner (None: every turn waits at home);
+        `loaded`: which models router-mode hosts have loaded (None: every model always is)."""
         super().__init__()
         self._slots = SlotStep(clock, limiter, placement, tenants, valve)
         self._tenants = tenants
@@ -158,6 +163,7 @@ class ProxyResource(Resource):
         self._placement = placement
         self._gate = gate or OPEN
         self._tracing = tracing
+        self._loaded = loaded
         self._running = Running(clock)
 
     def reconfigure(self, config: Config) -> None:
@@ -367,7 +373,10 @@ class ProxyResource(Resource):
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         removed = 0  # placed again because a reload removed the host, or the valve lost a race
         judged = False  # the valve had its say on this turn: one move at most per turn
+        moves = 0  # answers of a router-mode host whose model was moving
+        moving_since = 0.0
         trace = ex.trace
+        loaded = self._loaded
         while True:
             if trace is None:
                 acquired = await self._place(call, failed)
@@ -418,6 +427,9 @@ class ProxyResource(Resource):
                 if trace is not None:
                     out = self._attempt(trace, call, ex, host_config, model, out)
                 sent = self._clock.seconds()
+                loading = None
+                if loaded is not None and call.kind is Kind.INFERENCE:
+                    loading = loaded.sent(host, call.model)  # a load it waits for, if any
                 # The slot frees the moment the host's answer has all been read: the next
                 # waiter's request goes before this answer's end is relayed and recorded.
                 response = await self._upstream.send(out, on_done=release)
@@ -439,6 +451,27 @@ class ProxyResource(Resource):
             except BaseException:
                 release()
                 raise
+            if loaded is not None and response.code in swapping.STATUSES and loaded.router(host):
+                answer = await self._moving(response, release)
+                if answer is None:
+                    # The model is moving on the host: wait for it, then try again.
+                    moves += 1
+                    now = self._clock.seconds()
+                    moving_since = moving_since or now
+                    load = self._limiter.rates.load(host, call.model)
+                    if now - moving_since >= swapping.patience(load):
+                        ex.error = f"host {host}: model {call.model} kept moving"
+                        raise unavailable(
+                            f"host {host} is loading or unloading model {call.model}; try "
+                            "again shortly", retry_after=max(1, round(load)),
+                        )  # fmt: skip
+                    log.info(
+                        "host {host} is moving model {model}: trying again in {pause:g}s",
+                        host=host, model=call.model, pause=swapping.pause(moves),
+                    )  # fmt: skip
+                    await deferLater(self._clock, swapping.pause(moves))
+                    continue
+                response = answer
             if response.code in _BUSY and may_fall_back(call, acquired.pinned):
                 # Busy before any byte reached the client: a fallback may serve it.
                 raise await self._busy(call, ex, host, response, release)
@@ -447,7 +480,10 @@ class ProxyResource(Resource):
             finally:
                 release()
             if call.kind is Kind.INFERENCE:
-                pace.learn(self._limiter.rates, call, ex, sent, self._clock.seconds())
+                now = self._clock.seconds()
+                load = pace.learn(self._limiter.rates, call, ex, sent, now, loading)
+                if loaded is not None and ex.status == 200:
+                    loaded.answered(host, call.model, loading, load)
             await self._placement.answered(call, acquired, ex.status, ex.tokens)
             return
 
@@ -481,6 +517,15 @@ class ProxyResource(Resource):
             retry_after=self._config.server.health_interval,
             queued=self._limiter.queued(host, call.model) if host else 0,
         )
+
+    async def _moving(self, response: Any, release: Release) -> ReadAnswer | None:
+        """A router-mode host's error answer before any byte: read, None when it says the
+        model is moving (swapping.py), else kept to be relayed as it came."""
+        try:
+            body = await read_body(response)
+        finally:
+            release()
+        return None if swapping.moving(response.code, body) else ReadAnswer(response, body)
 
     async def _busy(
         self, call: Call, ex: Exchange, host: str, response: Any, release: Release

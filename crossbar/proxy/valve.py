@@ -9,7 +9,10 @@ down, serving the model, its queue not full, its context large enough):
   in the queue) plus what it must prefill there: its new tokens, and the part of its history the
   host has lately been evicting (pace.py `held_on`);
 - move = the expected wait on the candidate plus its prompt less what that host holds of it (a
-  shared system prompt), at the candidate's prefill rate.
+  shared system prompt), at the candidate's prefill rate; on a router-mode host that has the
+  model not loaded, the expected wait holds the load (the swap gate's wait), and a place freed
+  of an active model costs that model's load again and its conversations' prefill
+  (loaded.py `extra_cost`); a host the model cannot run on (it failed to load there) is none.
 
 It moves to the best candidate when stay > move x `valve_margin` + `valve_slack`: the slot there
 is taken first (so two turns judged at once never both count on one free slot), then the lease
@@ -33,9 +36,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from crossbar.hosts import Hosts
-from crossbar.leases import Acquired, Table, Warmth
+from crossbar.leases import NEVER, Acquired, Table, Warmth
 from crossbar.limiter import Limiter, Release, Work
 from crossbar.proxy.call import Call
+from crossbar.proxy.loaded import LoadedModels
 from crossbar.proxy.pace import held_on
 from crossbar.wire import Kind
 
@@ -100,12 +104,14 @@ class Valve:
         hosts: Hosts,
         limiter: Limiter,
         warmth: Warmth,
+        loaded: LoadedModels | None = None,
     ) -> None:
         self._clock = clock
         self._table = table
         self._hosts = hosts
         self._limiter = limiter
         self._warmth = warmth
+        self._loaded = loaded
         self._waiting: dict[str, set[_Waiting]] = {}  # model -> its turns waiting
         limiter.on_moved.append(self._queue_moved)
 
@@ -153,8 +159,13 @@ class Valve:
             ctx = hosts.ctx(host, model)
             if ctx is not None and turn.prompt >= ctx:
                 continue
+            loaded = self._loaded
+            if loaded is not None and loaded.tier(host, model) == NEVER:
+                continue
             prefill = turn.prompt - held_on(warmth, host, call, turn.prompt, 0, home=False)
             move = limiter.expected_wait(host, model) + prefill / rates.prefill(host, model)
+            if loaded is not None:
+                move += loaded.extra_cost(host, model)
             if best is None or move < best.move:
                 best = Verdict(host, stay, move, prefill)
         if best is None or stay <= best.move * route.valve_margin + route.valve_slack:

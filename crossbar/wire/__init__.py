@@ -4,7 +4,7 @@ the request to a host and its connections, the relay of the host's answer back, 
 read from it as it passes. Knows nothing of leases, slots or the store.
 """
 
-from crossbar.wire.answer import read_body
+from crossbar.wire.answer import ReadAnswer, read_body
 from crossbar.wire.bodies import canonical, limit_output
 from crossbar.wire.dialects import OPENAI_CHAT, Dialect, ErrorShape, Kind, classify
 from crossbar.wire.endpoints import HostEndpoints, authorization, no_delay
@@ -49,6 +49,7 @@ __all__ = [
     "Kind",
     "Outgoing",
     "RawHeaders",
+    "ReadAnswer",
     "Relay",
     "Tokens",
     "Upstream",

@@ -330,3 +330,37 @@ def read_body(response: HostResponse) -> Deferred[bytes]:
     done: Deferred[bytes] = Deferred()
     response.deliverBody(_Collect(done))
     return done
+
+
+class _Still:
+    """The transport of an answer already read: nothing to pause, resume or stop."""
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class ReadAnswer:
+    """A host's answer whose body was read whole (to see what it says), to be relayed all the
+    same: its status and headers as they came, its body delivered again."""
+
+    def __init__(self, response: HostResponse, body: bytes) -> None:
+        self.version = response.version
+        self.code = response.code
+        self.phrase = response.phrase
+        self.headers = response.headers
+        self.connection_headers = response.connection_headers
+        self.length = len(body)
+        self.read_whole = True
+        self._body = body
+
+    def deliverBody(self, protocol: Any) -> None:
+        protocol.makeConnection(_Still())
+        if self._body:
+            protocol.dataReceived(self._body)
+        protocol.connectionLost(Failure(ResponseDone()))

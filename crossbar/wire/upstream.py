@@ -319,6 +319,10 @@ class Upstream:
         if found is None:
             return None
         path, payload = found
+        if host.discover:
+            # A router loads a model a count names: counting must not load what the turn, once
+            # admitted, may have to wait for (the swap gate). An unloaded model is not counted.
+            path += "?autoload=false"
         try:
             status, raw = await self.post_json(host, path, payload)
             data = json.loads(raw)

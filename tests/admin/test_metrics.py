@@ -173,6 +173,9 @@ def test_the_counters_the_guard_the_limiter_and_the_prober_keep_are_exported():
         def model(self, host, model):
             return config.hosts[host].model(model)
 
+        def residency(self, host):
+            return None  # no router-mode host
+
     class Table:
         journal = Journal(MemoryStore(), clock)
 

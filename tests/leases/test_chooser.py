@@ -1,9 +1,20 @@
-"""The chooser: room to stay warm, then peers, then lowest leases/parallel (placements under
+"""The chooser: not held down, then what running the model takes (router mode), then room to
+stay warm, then peers, then lowest leases/parallel (placements under
 way counted), then what each host is doing now, then most free slots, then config order."""
 
 import pytest_twisted
 
-from crossbar.leases.chooser import Chooser, HostView, pick
+from crossbar.leases.chooser import (
+    EVICTS,
+    FREE_PLACE,
+    KEPT,
+    LOADED,
+    NEVER,
+    SPARE,
+    Chooser,
+    HostView,
+    pick,
+)
 from crossbar.leases.table import Key, Lease, State, Table
 from tests.support.lease_fakes import FakeCapacity, FakeHosts, MemoryStore, run_now
 
@@ -134,3 +145,39 @@ async def test_the_table_offers_only_usable_candidates_with_their_counts():
     got = await table.acquire(Key("convo", "f", "m"), ["a", "b", "c"], 1.0)
     assert got.host == "c"
     assert seen == [(["b", "c"], "m", [0, 0], set())]
+
+
+def test_a_host_with_the_model_loaded_goes_before_any_that_would_load_it():
+    # b has the model loaded but holds more leases and no free slot; a would have to load it.
+    loads = HostView("a", True, 0, 4, 4, tier=FREE_PLACE)
+    loaded = HostView("b", False, 9, 4, 0, busy=8, tier=LOADED)
+    assert pick([loads, loaded]) == "b"
+
+
+def test_a_free_place_goes_before_an_unload_and_a_spare_unload_before_an_active_ones():
+    assert pick([HostView("a", False, 0, 1, 1, tier=SPARE),
+                 HostView("b", False, 5, 1, 0, tier=FREE_PLACE)]) == "b"  # fmt: skip
+    assert pick([HostView("a", False, 0, 1, 1, tier=EVICTS),
+                 HostView("b", False, 5, 1, 0, tier=SPARE)]) == "b"  # fmt: skip
+
+
+def test_a_host_that_keeps_the_model_comes_first_and_one_it_cannot_run_on_last():
+    v = [HostView("a", False, 0, 1, 1, tier=LOADED), HostView("b", False, 3, 1, 0, tier=KEPT)]
+    assert pick(v) == "b"
+    v = [HostView("a", False, 0, 1, 1, tier=NEVER), HostView("b", False, 3, 1, 0, tier=EVICTS)]
+    assert pick(v) == "b"
+
+
+def test_a_flapping_host_stays_last_whatever_it_has_loaded():
+    v = [HostView("a", False, 0, 1, 1, held=True, tier=KEPT),
+         HostView("b", False, 0, 1, 1, tier=EVICTS)]  # fmt: skip
+    assert pick(v) == "b"
+
+
+def test_the_chooser_asks_each_candidate_what_running_the_model_takes():
+    class Tiers:
+        def tier(self, host: str, model: str) -> int:
+            return {"a": FREE_PLACE, "b": LOADED}[host]
+
+    chooser = Chooser(FakeCapacity(), loads=Tiers())
+    assert chooser.choose(["a", "b"], "m", leases=lambda h: {"a": 0, "b": 7}[h]) == "b"

@@ -90,8 +90,8 @@ function renderHosts(hosts) {
     h.models.forEach((m, i) => {
       rows.push(el("tr", { "data-host": h.name, "data-model": m.name },
         td(i ? "" : h.name), td(i ? "" : health),
-        td(i ? "" : draining(h)),
-        td(m.name), td(slots(m), "num"), td(m.queued, "num"),
+        td(i ? "" : draining(h)), td(i ? "" : places(h.router)),
+        td(m.name), td(loaded(h.router, m)), td(slots(m), "num"), td(m.queued, "num"),
         td(waiting(m.queued_by_route), "waiting"), td(num(m.queued_prefill_tokens), "num"),
         td(expectedWait(m.expected_wait_seconds), "num"), td(rates(m), "num"),
         td(m.leases, "num"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
@@ -100,9 +100,27 @@ function renderHosts(hosts) {
         td(i ? "" : (h.reason || ""), "muted"), td(i ? "" : drain), td(i ? "" : evacuate(h))));
     });
   }
-  fill("hosts", ["host", "health", "draining", "model", "slots in use", "queue", "waiting (by route)",
+  fill("hosts", ["host", "health", "draining", "models loaded", "model", "state", "slots in use", "queue", "waiting (by route)",
                  "queued prefill tokens", "expected wait", "prefill / decode tok/s", "leases", "ctx",
                  "warm cache", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+}
+
+// A router-mode host's places: the models running of how many it holds at once ("–" for a host
+// that is not a router).
+function places(router) {
+  if (!router) return "–";
+  const held = router.max_loaded === null ? "?" : router.max_loaded;
+  return el("span", { title: `running: ${router.running.join(", ") || "none"}` },
+    `${router.running.length} of ${held}`);
+}
+
+// A router-mode host's model: its state, and the seconds its load takes ("~" before one was seen).
+function loaded(router, m) {
+  if (!router || !m.state) return "–";
+  const guess = m.load_seconds_source !== "learned" ? "~" : "";
+  const load = `load ${guess}${m.load_seconds < 10 ? m.load_seconds.toFixed(1) : Math.round(m.load_seconds)} s`;
+  return el("span", { class: m.state === "loaded" ? "ok" : (m.state === "failed" ? "bad" : "muted"),
+                      title: load }, m.state);
 }
 
 // Seconds until a slot frees for one more request, from what runs and waits at the host's rates.
