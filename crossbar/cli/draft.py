@@ -46,6 +46,7 @@ class Server:
     router: bool = False
     key_env: str = ""
     name: str = ""
+    places: int | None = None  # a router's /props max_instances (0: no limit)
 
 
 @frozen
@@ -238,6 +239,7 @@ def _host_table(server: Server, name: str) -> list[str]:
     lines += [f"[hosts.{toml_key(name)}]", f"url = {toml_string(server.url)}"]
     if server.router:
         lines.append('models = "discover"')
+        lines += _router_keys(server)
     else:
         lines.append(f"models = {toml_list([m.name for m in server.models])}")
     if server.key_env:
@@ -253,6 +255,22 @@ def _host_table(server: Server, name: str) -> list[str]:
         )
     if single is not None and single.ctx:
         lines.append(f"# ctx = {single.ctx}  # tokens per slot; unset: /props n_ctx")
+    return lines
+
+
+def _router_keys(server: Server) -> list[str]:
+    """A router-mode host's model places: what its /props said, and the keys that steer
+    crossbar's loads, commented."""
+    if server.places:
+        lines = [f"# max_loaded = {server.places}  # models it holds at once (its /props): "
+                 "set it only to override"]  # fmt: skip
+    else:
+        lines = ["# max_loaded = 2  # it says it has no limit: set one if it holds only so many"]
+    kept = next((m.name for m in server.models if m.state == "loaded"), server.models[0].name)
+    lines.append(f"# keep_loaded = [{toml_string(kept)}]  # kept loaded here, its conversations "
+                 "placed here first")  # fmt: skip
+    lines.append('# swap_after = "2m"  # a model waits this long for the loaded ones\' turns; '
+                 "unset: 4 loads")  # fmt: skip
     return lines
 
 

@@ -125,7 +125,7 @@ def make(args: argparse.Namespace, environ: Mapping[str, str]) -> tuple[Draft, l
         raise InitError(f"nothing written; not every server can be put behind crossbar:\n"
                         f"  {lines}", SERVERS)  # fmt: skip
     servers = [
-        Server(a.url, a.models, a.router, a.key_env, name)
+        Server(a.url, a.models, a.router, a.key_env, name, a.places)
         for (_, name), a in zip(wanted, answers, strict=True)
         if isinstance(a, Server)
     ]

@@ -174,9 +174,13 @@ def survey(url: str, keys: Sequence[KeyEnv], timeout: float) -> Server:
         raise NotServing(f"not a llama-server: {e}") from None
     if not listed:
         raise NotServing("serves no model: its GET /v1/models lists none")
+    places = None
     if router:
         models = tuple(_router_model(url, name, state, key.value, timeout)
                        for name, state in listed.items())  # fmt: skip
+        found_places = props.get("max_instances")
+        if isinstance(found_places, int) and not isinstance(found_places, bool):
+            places = max(0, found_places)
     else:
         found = parse_props(props_body)
         slots, ctx = found.total_slots, found.n_ctx
@@ -184,7 +188,7 @@ def survey(url: str, keys: Sequence[KeyEnv], timeout: float) -> Server:
             more = _slots(url, key.value, timeout)
             slots, ctx = slots or more[0], ctx or more[1]
         models = tuple(Model(name, "loaded", slots, ctx) for name in listed)
-    return Server(url, models, router=router, key_env=key.name)
+    return Server(url, models, router=router, key_env=key.name, places=places)
 
 
 def _router_model(url: str, name: str, state: str, key: str, timeout: float) -> Model:

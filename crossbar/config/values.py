@@ -33,7 +33,6 @@ _RESOLVED_MAX = 10_000  # template routes a config remembers (then it makes them
 
 _DAY = 86400.0
 DISCOVER = "discover"
-DEFAULT_SWAP_AFTER = 30.0  # seconds: `swap_after`'s default
 
 
 class ConfigError(Exception):
@@ -136,8 +135,9 @@ class HostConfig:
     # given up for another model, and their new conversations placed here first.
     keep_loaded: tuple[str, ...] = ()
     # How long a model's turns wait while the loaded models' turns keep the router's places
-    # busy, before the least wanted one is let drain and unloaded for it.
-    swap_after: float = DEFAULT_SWAP_AFTER
+    # busy, before the least wanted one is let drain and unloaded for it; None: a few of the
+    # waiting model's load times (limiter/swaps.py).
+    swap_after: float | None = None
 
     def model(self, name: str) -> ModelConfig | None:
         for m in self.models:
@@ -395,7 +395,7 @@ def _read_hosts(errors: Errors, data: Any, environ: Mapping[str, str]) -> dict[s
                     errors.add(t.sub(key), 'only for a router-mode host (models = "discover")')
         max_loaded = t.integer("max_loaded", None)
         keep_loaded = t.string_list("keep_loaded")
-        swap_after = t.duration("swap_after", DEFAULT_SWAP_AFTER)
+        swap_after = t.duration("swap_after", None)
         models = _read_models(t, parallel, ctx)
         _check_kept(errors, t.sub("keep_loaded"), keep_loaded, max_loaded)
         t.finish()

@@ -182,10 +182,10 @@ class Hosts:
         host = self._hosts.get(name)
         return () if host is None else host.config.keep_loaded
 
-    def swap_after(self, name: str) -> float:
-        """The host's `swap_after`."""
+    def swap_after(self, name: str) -> float | None:
+        """The host's `swap_after` (None: unset, the swap gate's own bound)."""
         host = self._hosts.get(name)
-        return host.config.swap_after if host is not None else 0.0
+        return host.config.swap_after if host is not None else None
 
     def model_state(self, name: str, model: str) -> str | None:
         """A router-mode host's model's state as crossbar knows it (None for other hosts)."""

@@ -46,6 +46,8 @@ class Loads(Protocol):
 
     def tier(self, host: str, model: str) -> int: ...
 
+    def crowd(self, host: str) -> int: ...
+
 
 class Room(Protocol):
     """Which hosts can keep one more conversation warm (crossbar.leases.Warmth)."""
@@ -66,6 +68,7 @@ class HostView:
     busy: int = 0  # requests in flight and queued here for the model now
     room: bool = True  # its cache keeps the new conversation warm beside its active ones
     tier: int = LOADED  # what running the model here takes (above)
+    crowd: int = 0  # models holding the host's places (a router-mode host's)
 
 
 def pick(views: Sequence[HostView]) -> str | None:
@@ -75,7 +78,10 @@ def pick(views: Sequence[HostView]) -> str | None:
     fewest leases because it keeps losing them, which must not draw new ones to it; it is
     still used when every candidate is held); then the best tier (a model load costs seconds
     to minutes and an unload wipes another model's cache: a host that has the model loaded
-    goes before any that would load it, and a free place before an unload); then one with room
+    goes before any that would load it, and a free place before an unload; of the hosts with a
+    free place, the one with the fewest models running, so models spread over the fleet's
+    machines; where it must unload another, the one holding most of the model's leases, so a
+    model's conversations gather where its loads are batched); then one with room
     to keep the conversation warm (a conversation placed where it is evicted pays its prefill
     again every turn); then a peer host (their caches likely share prefixes); then the lowest
     leases/parallel (placements being written count, so conversations arriving together
@@ -89,12 +95,14 @@ def pick(views: Sequence[HostView]) -> str | None:
 
     def rank(
         item: tuple[int, HostView],
-    ) -> tuple[bool, int, bool, bool, Fraction, Fraction, int, int]:
+    ) -> tuple[bool, int, int, int, bool, bool, Fraction, Fraction, int, int]:
         order, v = item
         slots = max(v.parallel, 1)
         return (
             v.held,
             v.tier,
+            v.crowd if v.tier == FREE_PLACE else 0,
+            -v.leases if v.tier >= SPARE else 0,
             not v.room,
             not v.peer,
             Fraction(v.leases, slots),
@@ -163,5 +171,7 @@ class Chooser:
                 count -= 1
             room = True if warmth is None else warmth.room(h, need, leaving)
             tier = LOADED if loads is None else loads.tier(h, model)
-            views.append(HostView(h, h in peers, count, parallel, free, held(h), busy, room, tier))
+            crowd = 0 if loads is None else loads.crowd(h)
+            view = HostView(h, h in peers, count, parallel, free, held(h), busy, room, tier, crowd)
+            views.append(view)
         return pick(views)

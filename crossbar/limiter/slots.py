@@ -126,7 +126,9 @@ class Limiter:
         self._models: dict[str, set[str]] = {}  # host -> the models it has entries for
         self.gate: SwapGate | None = None
         if places is not None:
-            self.gate = SwapGate(clock, places, self._demand, self._models_on, self.wake)
+            self.gate = SwapGate(
+                clock, places, self._demand, self._models_on, self.wake, self.rates.load
+            )
 
     # -- the request path
 
@@ -433,10 +435,15 @@ class Limiter:
         oldest = min((w.enqueued for w in slots.waiters), default=None)
         return slots.in_flight, len(slots.waiters), oldest
 
-    def _moved_on(self, key: Pair) -> None:
-        """Something of (host, model) ended or left: the gate may close or give a place."""
+    def _moved_on(self, key: Pair, ended: bool = False) -> None:
+        """Something of (host, model) `ended` (a release) or left its queue: the gate may
+        close or give a place."""
         gate = self.gate
-        if gate is not None and gate.changed(key[0]):
+        if gate is None:
+            return
+        if ended:
+            gate.ended(*key)
+        if gate.changed(key[0]):
             self.wake(key[0])
 
     # -- internals
@@ -535,7 +542,7 @@ class Limiter:
                 # The route's cap may have freed a place: its waiters elsewhere may take it.
                 for pair in sorted(p for p in state.waiting if p != key):
                     self._admit(pair, self._slots[pair])
-            self._moved_on(key)
+            self._moved_on(key, ended=True)
             self._forget_if_idle(state)
             self._moved(key)
 

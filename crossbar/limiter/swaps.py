@@ -8,15 +8,21 @@ each unload wipes that model's prompt cache. So the gate keeps, per host, the mo
 lets run there (`open`, at most `capacity` of them), and the limiter admits a waiter only for an
 open model:
 
-- a model with no place takes a free one, or the place of an open model crossbar has nothing
-  running or waiting for (an idle one, least recently admitted first; never a `keep_loaded`
-  one): the swap is told to `on_open`, and the router unloads that model for the new one;
+- a model with no place takes a free one, or the place of an open model crossbar has had
+  nothing running or waiting for since as long as that model takes to load (an idle one,
+  least recently admitted first; never a `keep_loaded` one): the swap is told to `on_open`, and
+  the router unloads that model for the new one. An agent sends its next turn within moments
+  of an answer: a model quiet for less than its load time is likely wanted again, and waiting
+  that long costs no more than loading it back would (the ski rental's rule);
 - while every open model is busy, a model's turns wait, so the loaded models' turns are served
-  before a load; once its oldest turn has waited the host's `swap_after`, the open model with
-  the least demand (then the least recently admitted, never a kept one) that has held its place
-  for `swap_after` too is closed: its new turns wait, and when the last of its running turns
-  ends its place goes to the waiting model. The closed model's turns now wait in their turn, so
-  batches of each model alternate, each at least `swap_after` long, and none waits forever;
+  before a load; once its oldest turn has waited the bound, the open model with the least
+  demand (then the least recently admitted, never a kept one) that has held its place for the
+  bound too is closed: its new turns wait, and when the last of its running turns ends its
+  place goes to the waiting model. The closed model's turns now wait in their turn, so batches
+  of each model alternate, each at least the bound long, and none waits forever. The bound is
+  the host's `swap_after`, else AUTO_LOADS times the waiting model's load time (at least
+  MIN_BOUND): swapping then costs at most about a fifth of the host's time, whether a load
+  takes a second or a minute;
 - models waiting for a place take it in the order of their oldest waiting turn.
 
 A host whose capacity is not known (None), and every host that is not a router, has no gate.
@@ -33,6 +39,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
 # (in flight, waiting, when its oldest waiter began to wait) of one (host, model)
 Demand = tuple[int, int, float | None]
+AUTO_LOADS = 4.0  # the bound without `swap_after`: this many of the waiting model's loads
+MIN_BOUND = 2.0  # seconds: the least bound without `swap_after`
 
 
 class Places(Protocol):
@@ -44,7 +52,7 @@ class Places(Protocol):
 
     def kept(self, host: str) -> Collection[str]: ...
 
-    def swap_after(self, host: str) -> float: ...
+    def swap_after(self, host: str) -> float | None: ...
 
 
 @define
@@ -54,15 +62,17 @@ class _Host:
 
     open: dict[str, float] = field(factory=dict)
     placed: dict[str, float] = field(factory=dict)
+    quiet: dict[str, float] = field(factory=dict)  # when its last running turn ended
     closing: set[str] = field(factory=set)
     due: IDelayedCall | None = None  # the next bound to pass
 
     def take(self, model: str, now: float) -> None:
-        self.open[model] = self.placed[model] = now
+        self.open[model] = self.placed[model] = self.quiet[model] = now
 
     def give_up(self, model: str) -> None:
         del self.open[model]
         self.placed.pop(model, None)
+        self.quiet.pop(model, None)
         self.closing.discard(model)
 
 
@@ -76,15 +86,17 @@ class SwapGate:
         demand: Callable[[str, str], Demand],
         models: Callable[[str], Collection[str]],
         wake: Callable[[str], None],
+        load: Callable[[str, str], float],
     ) -> None:
         """`demand(host, model)` is the limiter's count of a pair; `models(host)` the models
         the limiter has entries for there; `wake(host)` has the limiter admit what the gate may
-        now let in."""
+        now let in; `load(host, model)` the seconds a load of the model takes there."""
         self._clock = clock
         self._places = places
         self._demand = demand
         self._models = models
         self._wake = wake
+        self._load = load
         self._hosts: dict[str, _Host] = {}
         # Told (host, model, the model whose place it took or None) when a model opens.
         self.on_open: list[Callable[[str, str, str | None], None]] = []
@@ -111,7 +123,7 @@ class SwapGate:
         gate = self._gate(host)
         now = self._clock.seconds()
         if model in gate.open:
-            gate.open[model] = now
+            gate.open[model] = gate.quiet[model] = now
             return
         victim = None
         if len(gate.open) >= capacity:
@@ -124,6 +136,12 @@ class SwapGate:
         gate.take(model, now)
         for listener in self.on_open:
             listener(host, model, victim)
+
+    def ended(self, host: str, model: str) -> None:
+        """A running turn of `model` on `host` ended."""
+        gate = self._hosts.get(host)
+        if gate is not None and model in gate.open:
+            gate.quiet[model] = self._clock.seconds()
 
     def changed(self, host: str) -> bool:
         """Something ended, left or began to wait on `host`: give up closing where nobody
@@ -140,10 +158,11 @@ class SwapGate:
         if not line:
             gate.closing.clear()
         elif self._free(host, gate, capacity) == 0 and not gate.closing:
-            ready = self._close_for(host, gate, line[0])
-            if ready is not None:
-                left = ready - self._clock.seconds()
-                gate.due = self._clock.callLater(left, self._bound_passed, host)
+            due = [self._close_for(host, gate, line[0]), *self._quiet_until(host, gate)]
+            now = self._clock.seconds()
+            later = [t for t in due if t is not None and t > now]
+            if later:
+                gate.due = self._clock.callLater(min(later) - now, self._bound_passed, host)
         return True
 
     def wait(self, host: str, model: str, drain: Callable[[str], float], load: float) -> float:
@@ -158,14 +177,14 @@ class SwapGate:
         if model in gate.open and model not in gate.closing:
             return 0.0
         if model in gate.open:  # closing: open again once another model had its turn
-            return self._places.swap_after(host) + load
+            return self._bound(host, model) + load
         line = self._line(host, gate, model)
         if line.index(model) < self._free(host, gate, capacity):
             return load
         victims = [m for m in gate.open if m not in self._places.kept(host)]
         if not victims:
             return float("inf")
-        bound = self._places.swap_after(host)
+        bound = self._bound(host, line[0])
         _, _, since = self._demand(host, line[0])
         waited = 0.0 if since is None else self._clock.seconds() - since
         first = max(0.0, bound - waited)
@@ -216,7 +235,8 @@ class SwapGate:
             running = self._places.running(host)
             for i, model in enumerate(running[max(0, len(running) - capacity) :]):
                 gate.open[model] = now - capacity + i  # keep their order
-                gate.placed[model] = float("-inf")  # held long enough to give way at once
+                # Held long enough, quiet long enough: they give way at once.
+                gate.placed[model] = gate.quiet[model] = float("-inf")
         return gate
 
     def _line(self, host: str, gate: _Host, asking: str | None) -> list[str]:
@@ -234,29 +254,43 @@ class SwapGate:
         return line
 
     def _idle(self, host: str, gate: _Host) -> list[str]:
-        """Open models with nothing running nor (unless closing) waiting, not kept: the
-        closing ones first, then the least recently entered."""
-        kept = self._places.kept(host)
+        """Open models with nothing running, not kept, and either closing or with nothing
+        waiting and quiet for their load time: the closing ones first, then the least
+        recently entered."""
+        kept, now = self._places.kept(host), self._clock.seconds()
         idle = []
         for model, entered in gate.open.items():
             in_flight, waiting, _ = self._demand(host, model)
+            if in_flight or model in kept:
+                continue
             closing = model in gate.closing
-            if not in_flight and (closing or not waiting) and model not in kept:
+            quiet = now - gate.quiet.get(model, float("-inf")) >= self._load(host, model)
+            if closing or (not waiting and quiet):
                 idle.append((not closing, entered, model))
         return [model for _, _, model in sorted(idle)]
+
+    def _quiet_until(self, host: str, gate: _Host) -> list[float]:
+        """When each open model with nothing running or waiting will have been quiet for its
+        load time (and so give way to a waiting model)."""
+        kept, times = self._places.kept(host), []
+        for model in gate.open:
+            in_flight, waiting, _ = self._demand(host, model)
+            if not in_flight and not waiting and model not in kept:
+                times.append(gate.quiet.get(model, float("-inf")) + self._load(host, model))
+        return times
 
     def _free(self, host: str, gate: _Host, capacity: int) -> int:
         """Places a waiting model could take now: free ones and idle models'."""
         return max(0, capacity - len(gate.open)) + len(self._idle(host, gate))
 
     def _close_for(self, host: str, gate: _Host, waiting: str) -> float | None:
-        """Close an open model for `waiting` once its oldest turn has waited `swap_after` and
-        that model has held its place as long; else when that will be (None: never, every
-        open model is kept)."""
+        """Close an open model for `waiting` once its oldest turn has waited the bound and that
+        model has held its place as long; else when that will be (None: never, every open
+        model is kept)."""
         _, _, since = self._demand(host, waiting)
         if since is None:
             return None
-        bound, now = self._places.swap_after(host), self._clock.seconds()
+        bound, now = self._bound(host, waiting), self._clock.seconds()
         kept = self._places.kept(host)
         victims, later = [], []
         for model, entered in gate.open.items():
@@ -274,6 +308,14 @@ class SwapGate:
         if victims:
             gate.closing.add(min(victims)[2])
         return None
+
+    def _bound(self, host: str, waiting: str) -> float:
+        """How long `waiting`'s turns wait for a place at most, before a model is closed for
+        them (module doc)."""
+        fixed = self._places.swap_after(host)
+        if fixed is not None:
+            return fixed
+        return max(MIN_BOUND, AUTO_LOADS * self._load(host, waiting))
 
     def _bound_passed(self, host: str) -> None:
         self.changed(host)

@@ -7,13 +7,14 @@ their cache. So:
 
 - the chooser ranks each candidate by what running the model there takes (`tier`, the tiers
   of leases/chooser.py): a host with the model loaded, loading or on its way (a lease placed
-  there whose request has not gone yet) goes before one with a free place, which goes before
-  one that must unload a model nobody uses, which goes before one that must unload the only
-  host of a model with active conversations (in flight, waiting, or served in the last five
-  minutes);
-- the valve adds to a move what the gate's expected wait leaves out (`extra_cost`): the load
-  on a host without a known capacity, and the unload of an active model, whose conversations
-  lose their cache (its load again, and their prompts' prefill);
+  there whose request has not gone yet) goes before one with a free place (the one running
+  the fewest models first, `crowd`), which goes before one that must unload a model nobody
+  uses, which goes before one that must unload the only host of a model with active
+  conversations (in flight, waiting, or served in the last five minutes);
+- the valve never moves a turn to a host that would unload the only place of a model with
+  active conversations (those would lose their cache and wait for a place), and adds to a
+  move what the gate's expected wait leaves out (`extra_cost`): the load on a host whose
+  capacity is unknown;
 - a conversation whose host unloaded its model since its last turn is cold there
   (`unloaded_since`): it follows its model to a host that has it loaded, if one does, rather
   than load it back (placement.py);
@@ -72,6 +73,10 @@ class LoadedModels:
             held.update(self.table.placing_on(host))
         return held
 
+    def crowd(self, host: str) -> int:
+        """How many models hold (or are about to hold) `host`'s places (0: not a router)."""
+        return len(self.occupying(host)) if self.router(host) else 0
+
     def tier(self, host: str, model: str) -> int:
         """What running `model` on `host` takes (leases/chooser.py's tiers)."""
         residency = self._hosts.residency(host)
@@ -115,24 +120,14 @@ class LoadedModels:
 
     def extra_cost(self, host: str, model: str) -> float:
         """Seconds a turn of `model` moved to `host` pays beyond the limiter's expected wait
-        and its own prefill: the load where no gate counts it (the host's capacity unknown),
-        and where a place must be freed of an active model, that model's load again and the
-        prefill of its conversations there."""
+        and its own prefill: the load, where no swap gate counts it (the host's capacity is
+        unknown) and the model is not running there."""
         residency = self._hosts.residency(host)
-        if residency is None or model in self.occupying(host):
+        if residency is None or residency.capacity is not None:
             return 0.0
-        rates = self._limiter.rates
-        cost = rates.load(host, model) if residency.capacity is None else 0.0
-        if self.tier(host, model) == EVICTS:
-            warmth = self._warmth.host(host)
-            now = self._clock.seconds()
-            costs = []
-            for victim in self.occupying(host) - set(self._hosts.kept(host)):
-                tokens = 0 if warmth is None else warmth.active_of(victim, now)[1]
-                prefill = tokens / rates.prefill(host, victim)
-                costs.append(rates.load(host, victim) + prefill)
-            cost += min(costs, default=0.0)
-        return cost
+        if model in self.occupying(host):
+            return 0.0
+        return self._limiter.rates.load(host, model)
 
     def loaded_elsewhere(self, hosts: Sequence[str], home: str, model: str) -> list[str]:
         """Of `hosts`, those other than `home` where `model` is loaded, loading or on its way."""

@@ -10,9 +10,9 @@ down, serving the model, its queue not full, its context large enough):
   host has lately been evicting (pace.py `held_on`);
 - move = the expected wait on the candidate plus its prompt less what that host holds of it (a
   shared system prompt), at the candidate's prefill rate; on a router-mode host that has the
-  model not loaded, the expected wait holds the load (the swap gate's wait), and a place freed
-  of an active model costs that model's load again and its conversations' prefill
-  (loaded.py `extra_cost`); a host the model cannot run on (it failed to load there) is none.
+  model not loaded, the expected wait holds the load (the swap gate's wait); a host that would
+  have to unload the only place of a model with active conversations is none, nor one the model
+  cannot run on (it failed to load there).
 
 It moves to the best candidate when stay > move x `valve_margin` + `valve_slack`: the slot there
 is taken first (so two turns judged at once never both count on one free slot), then the lease
@@ -36,7 +36,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from crossbar.hosts import Hosts
-from crossbar.leases import NEVER, Acquired, Table, Warmth
+from crossbar.leases import EVICTS, Acquired, Table, Warmth
 from crossbar.limiter import Limiter, Release, Work
 from crossbar.proxy.call import Call
 from crossbar.proxy.loaded import LoadedModels
@@ -160,7 +160,9 @@ class Valve:
             if ctx is not None and turn.prompt >= ctx:
                 continue
             loaded = self._loaded
-            if loaded is not None and loaded.tier(host, model) == NEVER:
+            if loaded is not None and loaded.tier(host, model) >= EVICTS:
+                # Never to a host that would unload another model's only place with active
+                # conversations: staying is a choice, and that unload is one more move.
                 continue
             prefill = turn.prompt - held_on(warmth, host, call, turn.prompt, 0, home=False)
             move = limiter.expected_wait(host, model) + prefill / rates.prefill(host, model)

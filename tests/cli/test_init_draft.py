@@ -131,6 +131,21 @@ def test_a_router_discovers_its_models_and_a_key_is_named_by_its_variable_never_
     assert [r.default_model for r in config.routes.values()] == ["qwen", "gemma"]
 
 
+def test_a_routers_places_and_the_keys_that_steer_its_loads_are_written_commented():
+    router = Server("http://gpu1:8080", (Model("qwen", "unloaded"), Model("gemma", "loaded")),
+                    router=True, places=2)  # fmt: skip
+    made = draft([router], Ports(), "crossbar.toml")
+    assert "# max_loaded = 2  # models it holds at once (its /props)" in made.text
+    assert '# keep_loaded = ["gemma"]' in made.text  # the one it has loaded now
+    assert all(len(line) <= 100 for line in made.text.splitlines())
+    host = read(made.text.replace("# max_loaded", "max_loaded").replace("# keep_", "keep_")
+                .replace("# swap_after", "swap_after")).hosts["gpu1"]  # fmt: skip
+    assert (host.max_loaded, host.keep_loaded, host.swap_after) == (2, ("gemma",), 120.0)
+    unlimited = draft([Server("http://gpu1:8080", (Model("qwen"),), router=True, places=0)],
+                      Ports(), "c.toml")  # fmt: skip
+    assert "it says it has no limit" in unlimited.text
+
+
 def test_the_comments_name_the_next_three_commands_and_the_clients_base_urls():
     made = draft([server("http://gpu1:8080", "qwen")], Ports(9000, 9001), "/etc/crossbar.toml")
     comments = [line for line in made.text.splitlines() if line.startswith("#")]

@@ -179,5 +179,24 @@ def test_the_chooser_asks_each_candidate_what_running_the_model_takes():
         def tier(self, host: str, model: str) -> int:
             return {"a": FREE_PLACE, "b": LOADED}[host]
 
+        def crowd(self, host: str) -> int:
+            return 1
+
     chooser = Chooser(FakeCapacity(), loads=Tiers())
     assert chooser.choose(["a", "b"], "m", leases=lambda h: {"a": 0, "b": 7}[h]) == "b"
+
+
+def test_of_the_hosts_with_a_free_place_the_one_running_fewest_models_loads_it():
+    v = [HostView("a", False, 0, 1, 1, tier=FREE_PLACE, crowd=1),
+         HostView("b", False, 3, 1, 0, tier=FREE_PLACE, crowd=0)]  # fmt: skip
+    assert pick(v) == "b"
+    # Where the model is loaded, how many others run there does not decide.
+    v = [HostView("a", False, 0, 1, 1, tier=LOADED, crowd=2),
+         HostView("b", False, 3, 1, 0, tier=LOADED, crowd=1)]  # fmt: skip
+    assert pick(v) == "a"
+
+
+def test_where_the_model_must_unload_another_it_goes_where_its_conversations_are():
+    # Loaded nowhere: the host holding most of its leases loads it, so its turns batch there.
+    v = [HostView("a", False, 1, 2, 2, tier=EVICTS), HostView("b", False, 3, 2, 0, tier=EVICTS)]
+    assert pick(v) == "b"

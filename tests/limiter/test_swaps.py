@@ -1,7 +1,7 @@
 """The swap gate, one story each, on a fake clock: a router-mode host that holds fewer models at
 once than are asked of it serves its loaded models' turns before a load, gives a model's place
-to another only when its turns are done or the other has waited `swap_after`, and lets none wait
-forever. A host whose capacity is not known has no gate."""
+to another only when it has been quiet for its load time or the other has waited `swap_after`,
+and lets none wait forever. A host whose capacity is not known has no gate."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from crossbar.limiter.slots import Limiter, Release, Work
 
 H = "titan"
 BOUND = 30.0
+LOAD = 2.0  # seconds each model takes to load: how long a quiet model keeps its place
 
 
 @define
@@ -25,6 +26,7 @@ class FakePlaces:
     capacity_of: dict[str, int | None] = field(factory=lambda: {H: 1})
     runs: dict[str, list[str]] = field(factory=dict)
     keeps: dict[str, tuple[str, ...]] = field(factory=dict)
+    bound: float | None = BOUND  # the host's swap_after
 
     def capacity(self, host: str) -> int | None:
         return self.capacity_of.get(host)
@@ -35,8 +37,8 @@ class FakePlaces:
     def kept(self, host: str) -> Collection[str]:
         return self.keeps.get(host, ())
 
-    def swap_after(self, host: str) -> float:
-        return BOUND
+    def swap_after(self, host: str) -> float | None:
+        return self.bound
 
 
 class Turn:
@@ -68,6 +70,8 @@ class Fleet:
         self.limiter = Limiter(self.clock, lambda h, m: parallel, 64, 3600.0, places=self.places)
         assert self.limiter.gate is not None
         self.limiter.gate.on_open.append(lambda *args: self.opened.append(args))
+        for model in ("coder", "chat", "vision"):
+            self.limiter.rates.learn_load(H, model, LOAD)
 
     def turn(self, model: str, host: str = H, work: Any = None) -> Turn:
         return Turn(self.limiter.acquire(host, model, work=work), model)
@@ -81,7 +85,7 @@ def test_a_model_takes_a_free_place_and_the_router_is_told():
     assert f.limiter.gate.open_models(H) == ["coder"]
 
 
-def test_a_second_model_waits_while_the_first_ones_turns_run_and_takes_its_place_after():
+def test_a_second_model_waits_while_the_first_runs_and_takes_its_place_once_it_is_quiet():
     f = Fleet()
     first, second = f.turn("coder"), f.turn("coder")
     chat = f.turn("chat")
@@ -89,8 +93,21 @@ def test_a_second_model_waits_while_the_first_ones_turns_run_and_takes_its_place
     first.end()
     assert chat.waiting  # one coder turn still runs: the router would not unload it
     second.end()
+    f.clock.advance(LOAD - 0.1)
+    assert chat.waiting  # coder's next turn may come any moment: a load back costs as much
+    f.clock.advance(0.1)
     assert not chat.waiting
     assert f.opened[-1] == (H, "chat", "coder")  # chat loads in coder's place
+
+
+def test_a_quiet_models_turn_that_comes_back_keeps_its_place():
+    f = Fleet()
+    f.turn("coder").end()
+    chat = f.turn("chat")
+    f.clock.advance(1)
+    coder = f.turn("coder")  # the agent's next turn, within coder's load time
+    assert not coder.waiting and chat.waiting
+    assert f.opened == [(H, "coder", None)]
 
 
 def test_turns_of_the_loaded_model_go_before_a_load_until_the_bound():
@@ -130,6 +147,7 @@ def test_a_kept_model_never_gives_its_place():
     f.turn("coder").end()  # coder holds a place, idle now
     chat = f.turn("chat")
     chat.end()
+    f.clock.advance(LOAD)
     vision = f.turn("vision")
     assert not vision.waiting
     assert f.opened[-1] == (H, "vision", "chat")  # the idle kept model was passed over
@@ -151,6 +169,7 @@ def test_models_waiting_for_a_place_take_it_in_the_order_of_their_oldest_turn():
     f.clock.advance(1)
     chat = f.turn("chat")
     coder.end()
+    f.clock.advance(LOAD)
     assert not vision.waiting and chat.waiting
 
 
@@ -167,21 +186,20 @@ def test_a_turn_that_never_waits_holds_its_models_place():
     chat = f.turn("chat")
     assert chat.waiting
     release()
+    f.clock.advance(LOAD)
     assert not chat.waiting
 
 
 def test_the_expected_wait_of_a_model_without_a_place_holds_the_bound_and_the_load():
     f = Fleet(parallel=1)
-    rates = f.limiter.rates
-    rates.learn_load(H, "chat", 12.0)
+    load = f.limiter.rates.load(H, "chat")
     busy = Work(prefill=0, output=300)  # 10 s at the default 30 tokens/s
     f.turn("coder", work=busy)
     # A place is busy: the wait is the bound (longer than coder's turn) and then the load.
-    assert f.limiter.expected_wait(H, "chat") == BOUND + 12.0
+    assert f.limiter.expected_wait(H, "chat") == BOUND + load
     assert f.limiter.expected_wait(H, "coder") > 0  # its one slot is taken
-    f2 = Fleet(parallel=1)
-    f2.limiter.rates.learn_load(H, "chat", 12.0)
-    assert f2.limiter.expected_wait(H, "chat") == 12.0  # a free place: just the load
+    idle = Fleet(parallel=1)
+    assert idle.limiter.expected_wait(H, "chat") == load  # a free place: just the load
 
 
 def test_a_listing_that_says_an_open_model_was_unloaded_frees_its_place():
@@ -192,3 +210,16 @@ def test_a_listing_that_says_an_open_model_was_unloaded_frees_its_place():
     assert f.limiter.gate.open_models(H) == []
     chat = f.turn("chat")
     assert not chat.waiting and f.opened[-1] == (H, "chat", None)
+
+
+def test_without_swap_after_the_bound_is_four_of_the_waiting_models_loads():
+    f = Fleet(FakePlaces(bound=None), parallel=1)
+    f.limiter.rates.learn_load(H, "chat", LOAD)  # now 2 s, as every model here
+    coder = [f.turn("coder") for _ in range(3)]
+    chat = f.turn("chat")
+    f.clock.advance(4 * LOAD - 0.1)
+    coder[0].end()
+    assert chat.waiting and not coder[1].waiting  # within the bound: coder's turns go first
+    f.clock.advance(0.1)  # 8 s: chat's bound passed, coder is closed
+    coder[1].end()
+    assert not chat.waiting and coder[2].waiting
