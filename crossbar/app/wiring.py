@@ -105,7 +105,7 @@ async def build_parts(
         store.instance = instance  # a store opened for us by a test
     instance = store.instance
     journal = Journal(store, reactor, deadline=s.store_timeout + DEADLINE_SLACK)
-    hosts = Hosts(config, reactor, store=_GatedDrains(store, journal))
+    hosts = Hosts(config, reactor, store=_GatedDrains(store, journal), endpoints=endpoints)
     await hosts.load_draining()
 
     instances = Instances(

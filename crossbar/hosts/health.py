@@ -15,10 +15,12 @@ from urllib.parse import quote
 from attrs import define, frozen
 from treq.client import HTTPClient
 from twisted.internet import error as net
-from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.defer import TimeoutError as DeferredTimeout
 from twisted.internet.interfaces import IReactorTime
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseFailed, ResponseNeverReceived
+from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
+from zope.interface import implementer
 
 from crossbar.config import HostConfig, ModelConfig
 from crossbar.wire import HostEndpoints, authorization, quiet_pool
@@ -49,14 +51,17 @@ class Props:
     n_ctx: int | None
 
 
-def build_client(reactor: IReactorTime) -> tuple[HTTPClient, HTTPConnectionPool]:
-    """A treq client on its own persistent pool; the caller closes the pool when done."""
+def build_client(
+    reactor: IReactorTime, endpoints: IAgentEndpointFactory | None = None
+) -> tuple[HTTPClient, HTTPConnectionPool]:
+    """A treq client on its own persistent pool; the caller closes the pool when done.
+    `endpoints` replaces TCP to the hosts (an in-memory network)."""
     pool = quiet_pool(reactor, persistent=True)  # no "Starting factory" line per probe
     # One probe and one /props read per host at a time: two idle connections are plenty.
     pool.maxPersistentPerHost = 2
     # Endpoints made once per host: building one per request (IDNA-encoding the name) was most
     # of a probe's cost, and 200 hosts at 1 s are 200 probes a second.
-    endpoints = HostEndpoints(reactor, _CONNECT_TIMEOUT)
+    endpoints = endpoints or HostEndpoints(reactor, _CONNECT_TIMEOUT)
     agent = Agent.usingEndpointFactory(reactor, endpoints, pool=pool)
     return HTTPClient(agent), pool  # type: ignore[arg-type]
 
@@ -76,12 +81,36 @@ def treq_getter(client: HTTPClient) -> Getter:
     return start
 
 
+@implementer(IBodyProducer)
+class _Whole:
+    """A small request body written at once (treq's own producer for bytes writes it from the
+    global cooperator, a step later, on the global reactor)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: Any) -> Deferred[None]:
+        consumer.write(self._data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
 def treq_poster(client: HTTPClient) -> Poster:
     """A Poster on `client`: a JSON body sent, the whole answer read."""
 
     async def post(url: str, headers: Mapping[str, str], body: bytes) -> tuple[int, bytes]:
         sent = {**headers, "Content-Type": "application/json"}
-        response = await client.post(url, data=body, headers=sent, allow_redirects=False)
+        data = _Whole(body)
+        response = await client.post(url, data=data, headers=sent, allow_redirects=False)
         return response.code, await response.content()
 
     def start(url: str, headers: Mapping[str, str], body: bytes) -> Deferred[tuple[int, bytes]]:

@@ -24,6 +24,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import HTTPConnectionPool
+from twisted.web.iweb import IAgentEndpointFactory
 
 from crossbar.config import Config, ModelConfig, Route
 from crossbar.hosts.catalog import Serving
@@ -77,10 +78,12 @@ class Hosts:
         *,
         get: Getter | None = None,
         post: Poster | None = None,
+        endpoints: IAgentEndpointFactory | None = None,
     ) -> None:
         """`clock` is the reactor in production. `get` (and `post`, a router's load and
         unload) replace HTTP in tests; without `get`, `http` (or, when None, a client on a
-        pool of our own, closed by `stop`) is used for both."""
+        pool of our own, closed by `stop`, over `endpoints` when given: an in-memory
+        network's) is used for both."""
         self._config = config
         self._clock = clock
         self._store = store
@@ -89,9 +92,12 @@ class Hosts:
         self._lean: LeanGetter | None = None
         if get is None:
             if http is None:
-                http, self._pool = build_client(clock)
-            # /health on kept bare connections (a tenth of treq's CPU); the rest through treq.
-            get = self._lean = LeanGetter(clock, treq_getter(http))
+                http, self._pool = build_client(clock, endpoints)
+            get = treq_getter(http)
+            if endpoints is None:
+                # /health on kept bare TCP connections (a tenth of treq's CPU); the rest
+                # through treq.
+                get = self._lean = LeanGetter(clock, get)
             post = post or treq_poster(http)
         self._get = get
         self.router = RouterControl(self._host, self.tell_models, clock, post, self._log)

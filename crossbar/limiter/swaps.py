@@ -41,6 +41,9 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 Demand = tuple[int, int, float | None]
 AUTO_LOADS = 4.0  # the bound without `swap_after`: this many of the waiting model's loads
 MIN_BOUND = 2.0  # seconds: the least bound without `swap_after`
+# A timer due at t may run when the clock reads a hair before t (float sums): a time that has
+# come is one within this of now.
+_EPSILON = 1e-6
 
 
 class Places(Protocol):
@@ -160,7 +163,7 @@ class SwapGate:
         elif self._free(host, gate, capacity) == 0 and not gate.closing:
             due = [self._close_for(host, gate, line[0]), *self._quiet_until(host, gate)]
             now = self._clock.seconds()
-            later = [t for t in due if t is not None and t > now]
+            later = [t for t in due if t is not None and t > now + _EPSILON]
             if later:
                 gate.due = self._clock.callLater(min(later) - now, self._bound_passed, host)
         return True
@@ -264,7 +267,7 @@ class SwapGate:
             if in_flight or model in kept:
                 continue
             closing = model in gate.closing
-            quiet = now - gate.quiet.get(model, float("-inf")) >= self._load(host, model)
+            quiet = now - gate.quiet.get(model, float("-inf")) + _EPSILON >= self._load(host, model)
             if closing or (not waiting and quiet):
                 idle.append((not closing, entered, model))
         return [model for _, _, model in sorted(idle)]
@@ -297,13 +300,13 @@ class SwapGate:
             if model in kept:
                 continue
             ready = gate.placed.get(model, float("-inf")) + bound
-            if ready > now:
+            if ready > now + _EPSILON:
                 later.append(ready)
                 continue
             in_flight, count, _ = self._demand(host, model)
             victims.append((in_flight + count, entered, model))
         due = max(since + bound, min(later)) if later and not victims else since + bound
-        if due > now:
+        if due > now + _EPSILON:
             return due
         if victims:
             gate.closing.add(min(victims)[2])

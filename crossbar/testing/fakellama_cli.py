@@ -57,6 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     router.add_argument("--router", action="store_true", help="serve the --model names as a router")
     router.add_argument("--loaded", action="append", default=[], metavar="NAME",
                         help="a model loaded from the start (repeatable)")  # fmt: skip
+    router.add_argument("--models-max", type=int, default=0, metavar="N",
+                        help="models running at once, the least recently used idle one unloaded "
+                        "for a load (0: no limit; llama-server's own default is 4)")  # fmt: skip
+    router.add_argument("--unload-delay", type=float, default=0, metavar="SECONDS",
+                        help="how long a model's server takes to stop")  # fmt: skip
+    router.add_argument("--swap-errors", action="store_true",
+                        help="a request meeting a model being stopped gets the router's 500 "
+                        "proxy error, as llama-server's does in that race")  # fmt: skip
     faults = p.add_argument_group("faults (also settable at run time: POST /_fake/faults)")
     faults.add_argument("--refuse", action="store_true", help="refuse connections")
     faults.add_argument("--error-500", action="store_true", help="answer 500 to inference")
@@ -99,6 +107,9 @@ async def _route(reactor: Any, config: FakeConfig, args: argparse.Namespace) -> 
         loaded=tuple(args.loaded),
         load_delay=config.load_delay,
         api_key=config.api_key,
+        models_max=args.models_max,
+        unload_delay=args.unload_delay,
+        swap_errors=args.swap_errors,
     )
     await router.start(args.port, args.host)
     reactor.addSystemEventTrigger(
@@ -132,6 +143,13 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(args.loaded) - set(config.models))
         if unknown:
             raise ValueError(f"--loaded names no --model: {', '.join(unknown)}")
+        router_only = args.models_max or args.unload_delay or args.swap_errors
+        if router_only and not args.router:
+            raise ValueError("--models-max, --unload-delay and --swap-errors need --router")
+        if args.models_max < 0 or args.unload_delay < 0:
+            raise ValueError("--models-max and --unload-delay must be at least 0")
+        if args.models_max and len(args.loaded) > args.models_max:
+            raise ValueError(f"--loaded names more models than --models-max {args.models_max}")
     except ValueError as e:
         print(f"crossbar-fakellama: {e}", file=sys.stderr)
         return 2

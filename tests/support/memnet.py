@@ -33,6 +33,8 @@ from zope.interface import directlyProvides, implementer
 from crossbar.app.wiring import Parts, Sites, build_parts, make_sites
 from crossbar.config.values import parse_config
 from crossbar.testing.fakellama import FakeLlama
+from crossbar.testing.fakerouter import FakeRouter
+from crossbar.testing.fakestate import FakeConfig
 from tests.support.lease_fakes import MemoryStore, run_now
 
 MODEL = "qwen-coder"
@@ -164,14 +166,21 @@ class Net:
     stall: set[str] = field(factory=set)  # hosts whose name lookups never finish
     names: StalledNames = field(factory=StalledNames)
     on_request: dict[str, Callable[[Host], None]] = field(factory=dict)
-    # Hosts served by a fake llama-server on the net's clock (`serve`), by name.
-    fakes: dict[str, FakeLlama] = field(factory=dict)
+    # Hosts served by a fake llama-server (or a fake router) on the net's clock, by name.
+    fakes: dict[str, FakeLlama | FakeRouter] = field(factory=dict)
 
     def serve(self, name: str, **config: Any) -> FakeLlama:
         """Serve host `name` with a fake llama-server whose time is the net's clock: its
         prefill and decode take clock time, so a story moves them by advancing it."""
         fake = self.fakes[name] = FakeLlama(self.clock, models=[MODEL], **config)
         return fake
+
+    def serve_router(self, name: str, models: dict[str, FakeConfig], **knobs: Any) -> FakeRouter:
+        """Serve host `name` with a fake router-mode llama-server of `models` on the net's
+        clock (`knobs`: FakeRouter's, such as models_max and load_delay)."""
+        router = FakeRouter(self.clock, models, **knobs)
+        self.fakes[name] = router
+        return router
 
     def run(self, seconds: float) -> None:
         """Let `seconds` of clock time pass, stopping at each timer due on the way (exactly
@@ -334,18 +343,22 @@ def start(
     keys: dict[str, Any] | None = None,
     net: Net | None = None,
     store: MemoryStore | None = None,
+    host_tables: dict[str, dict[str, Any]] | None = None,
     **server: Any,
 ) -> Crossbar:
     """crossbar with `hosts` (`parallel` slots each) on a new in-memory net (or `net`, beside
-    the crossbars already on it; with `store`, sharing theirs: instances of one fleet)."""
+    the crossbars already on it; with `store`, sharing theirs: instances of one fleet).
+    `host_tables`: the hosts' own config tables instead (their URLs `http://<name>:8080`)."""
     net = net or Net()
+    tables = {
+        h: {"url": f"http://{h}:8080", "models": [MODEL], "parallel": parallel} for h in hosts
+    }
+    if host_tables is not None:
+        tables = {h: {"url": f"http://{h}:8080", **t} for h, t in host_tables.items()}
     config = parse_config(
         {
             "server": {"db": ":memory:", **server},
-            "hosts": {
-                h: {"url": f"http://{h}:8080", "models": [MODEL], "parallel": parallel}
-                for h in hosts
-            },
+            "hosts": tables,
             "routes": routes,
             "keys": keys or {},
         }
