@@ -1,13 +1,13 @@
 """The admin side never stalls the data path: with 100,000 leases, a client fetching every
 admin endpoint the dashboard uses, back to back, leaves the proxy's latency alone (loosely: the
-numbers are bench/admin_load.py's, recorded in docs/performance.md)."""
+numbers are bench/fleet/admin_load.py's, recorded in docs/performance.md)."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "admin_load.py"
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "fleet" / "admin_load.py"
 
 
 def test_the_dashboard_s_requests_at_100k_leases_do_not_stall_proxy_requests():

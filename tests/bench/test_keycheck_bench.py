@@ -1,4 +1,4 @@
-"""bench/keycheck.py runs, and a named key's check stays far below a request's cost (the
+"""bench/micro/keycheck.py runs, and a named key's check stays far below a request's cost (the
 target, 20 µs, is measured on a quiet machine: docs/performance.md)."""
 
 import importlib.util
@@ -8,7 +8,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_the_key_check_bench_measures_each_case():
-    spec = importlib.util.spec_from_file_location("keycheck", ROOT / "bench" / "keycheck.py")
+    spec = importlib.util.spec_from_file_location(
+        "keycheck", ROOT / "bench" / "micro" / "keycheck.py"
+    )
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     results = bench.run([1, 1000], 2000)

@@ -1,26 +1,16 @@
-"""bench/peers.py's pieces that need no router, so the bench cannot rot between its sittings:
+"""bench/peers/peers.py's pieces that need no router, so the bench cannot rot between its sittings:
 the bodies it posts, its CPU accounting from /proc/<pid>/stat, its reading of wrk's report,
 the wrk script it writes and the table it prints from a run's results."""
 
 import argparse
 import json
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
+from bench.common import measure, wrk_report
+from bench.peers import agent_bodies, peers, peers_setup
 from crossbar.wire.bodies import chat_opening
-
-# The benches import each other by module name, as run from bench/ (its own sys.path[0]).
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import agent_bodies  # noqa: E402
-import measure  # noqa: E402
-import peers  # noqa: E402
-import peers_setup  # noqa: E402
-import wrk_report  # noqa: E402
 
 WRK_REPORT = """\
 Running 10s test @ http://127.0.0.1:24001
@@ -156,7 +146,7 @@ def test_direct_is_always_measured_and_unknown_names_are_refused(capsys):
 
 
 def test_crossbar_ab_reads_each_variant_s_name_settings_and_python():
-    import crossbar_ab
+    from bench.peers import crossbar_ab
 
     assert crossbar_ab.parse_variant("after=") == ("after", {})
     assert crossbar_ab.parse_variant("before=PYBIN=../b/.venv/bin/python,CROSSBAR_PURE=1") == (

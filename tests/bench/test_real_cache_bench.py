@@ -1,21 +1,13 @@
-"""bench/agent_workload.py's workload and token accounting, run against two fake llama-servers with
+"""bench/real/agent_workload.py's workload and token accounting, run against two fake llama-servers with
 the two routers that need no proxy, so the bench cannot rot between its real sittings: a
 conversation kept on one host reads its earlier turns from that host's prompt cache; one whose
 turns rotate over the hosts does not, and the bench counts exactly what the hosts processed."""
 
-import sys
-from pathlib import Path
-
 import pytest_twisted
 from twisted.internet import reactor
 
+from bench.real import agent_workload
 from crossbar.testing.fakellama import FakeLlama
-
-# The benches import each other by module name, as run from bench/ (its own sys.path[0]).
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import agent_workload  # noqa: E402
 
 # A short system prompt: on the fake, what the conversations share then counts for little, so
 # a turn's cached share says whether its own earlier turns were found.

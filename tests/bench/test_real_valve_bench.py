@@ -1,26 +1,16 @@
-"""bench/real_valve.py's schedules and streamed accounting, so the bench cannot rot between its
+"""bench/real/real_valve.py's schedules and streamed accounting, so the bench cannot rot between its
 real sittings: every router meets the same schedule, the overload really crowds busy
 conversations onto one host of a sticky router's spread, and a streamed turn's first token and
 token counts are read from what the hosts sent (two fake llama-servers, the client rotating
 straight to them, on real sockets)."""
 
-import sys
-from pathlib import Path
-
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 
+from bench.real import agent_workload, real_valve, valve_workloads
 from crossbar.leases.chooser import HostView, pick
 from crossbar.testing.fakellama import FakeLlama
-
-# The benches import each other by module name, as run from bench/ (its own sys.path[0]).
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import agent_workload  # noqa: E402
-import real_valve  # noqa: E402
-import valve_workloads  # noqa: E402
 
 
 def crossbar_spread(conversations: int, hosts: int) -> dict[int, int]:

@@ -1,5 +1,5 @@
-"""bench/slot_handoff.py's host and arithmetic, so the bench cannot rot between sittings: the tiny
-host (bench/slot_host.py) reads requests and notes when each came, keeps its one slot's queue
+"""bench/proxy/slot_handoff.py's host and arithmetic, so the bench cannot rot between sittings: the tiny
+host (bench/proxy/slot_host.py) reads requests and notes when each came, keeps its one slot's queue
 in arrival order and records when each answer ended; the bench counts a hand-off only where a
 request was waiting, and splits crossbar's share of one by its stamps.
 
@@ -8,17 +8,10 @@ moves: nothing waits for time to pass, so a busy machine cannot make it flaky.""
 
 import json
 import socket
-import sys
-from pathlib import Path
 
 import pytest
 
-# The benches import each other by module name, as run from bench/ (its own sys.path[0]).
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-sys.path.insert(0, str(BENCH))
-
-import handoff_figures  # noqa: E402
-import slot_host  # noqa: E402
+from bench.proxy import handoff_figures, slot_host
 
 CHAT = b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'
 STREAM = b'{"model": "tiny", "messages": [], "stream": true}'

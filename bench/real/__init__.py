@@ -1,0 +1,4 @@
+"""Benches on real llama-servers (`make real`'s build and model): how much prompt each router
+makes them prefill (`real_cache.py`), the valve's waits and moves (`real_valve.py`, its schedules
+`valve_workloads.py`), router-mode fleets' model loads (`real_models.py`), and the agent workload
+they share (`agent_workload.py`)."""
