@@ -58,8 +58,9 @@ PEERS = {
         "vllm-router",
         (),
         "warning",
-        # consistent_hash hashes X-Session-ID (else the body, so each turn moves)
-        ("cache_aware", "consistent_hash"),
+        # consistent_hash hashes X-Session-ID (else the body, so each turn moves); round_robin
+        # is bench/real/real_models.py's baseline
+        ("cache_aware", "consistent_hash", "round_robin"),
     ),
 }
 

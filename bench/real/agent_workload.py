@@ -84,6 +84,12 @@ class Workload:
     system: str = SYSTEM_PROMPT
     # streamed (SSE, with `stream_options.include_usage`): each turn's first token is timed
     stream: bool = False
+    # the model of conversation i is models[i % len(models)] (a router-mode fleet's several)
+    models: tuple[str, ...] = (MODEL,)
+
+    def model_of(self, conversation: int) -> str:
+        """The model conversation `conversation` asks for."""
+        return self.models[conversation % len(self.models)]
 
 
 def first_message(conversation: int) -> str:
@@ -98,11 +104,13 @@ def next_message(turn: int) -> str:
     return NEXT_ASKS[(turn - 2) % len(NEXT_ASKS)]
 
 
-def request_body(workload: Workload, messages: list[dict[str, str]]) -> bytes:
-    """One turn's request: the conversation so far, greedy, short reply; streamed with the
-    usage in the last chunk if `workload.stream`."""
+def request_body(
+    workload: Workload, messages: list[dict[str, str]], conversation: int = 0
+) -> bytes:
+    """One turn's request of `conversation`: the conversation so far, its model, greedy, short
+    reply; streamed with the usage in the last chunk if `workload.stream`."""
     body: dict[str, Any] = {
-        "model": MODEL,
+        "model": workload.model_of(conversation),
         "messages": messages,
         "max_tokens": workload.max_tokens,
         "temperature": 0,
@@ -362,7 +370,7 @@ async def one_turn(
     """Send one turn and fill `result`; the reply's text, or None (and `result.error`). A
     streamed turn's seconds run to the stream's end, its `ttft_s` to its first reply text."""
     headers = Headers({b"Content-Type": [b"application/json"]})
-    body = BytesProducer(request_body(workload, messages))
+    body = BytesProducer(request_body(workload, messages, result.conversation))
     started = reactor.seconds()
     try:
         response = await agent.request(b"POST", url.encode(), headers, body).addTimeout(

@@ -48,6 +48,8 @@ class Loads(Protocol):
 
     def crowd(self, host: str) -> int: ...
 
+    def evicts(self, host: str, model: str) -> int: ...
+
 
 class Room(Protocol):
     """Which hosts can keep one more conversation warm (crossbar.leases.Warmth)."""
@@ -69,6 +71,7 @@ class HostView:
     room: bool = True  # its cache keeps the new conversation warm beside its active ones
     tier: int = LOADED  # what running the model here takes (above)
     crowd: int = 0  # models holding the host's places (a router-mode host's)
+    evicts: int = 0  # active conversations of the model a load here would unload
 
 
 def pick(views: Sequence[HostView]) -> str | None:
@@ -81,7 +84,9 @@ def pick(views: Sequence[HostView]) -> str | None:
     goes before any that would load it, and a free place before an unload; of the hosts with a
     free place, the one with the fewest models running, so models spread over the fleet's
     machines; where it must unload another, the one holding most of the model's leases, so a
-    model's conversations gather where its loads are batched); then one with room
+    model's conversations gather where its loads are batched, then the one whose unload costs
+    the fewest active conversations, so a cold model never unseats a hot one); then one with
+    room
     to keep the conversation warm (a conversation placed where it is evicted pays its prefill
     again every turn); then a peer host (their caches likely share prefixes); then the lowest
     leases/parallel (placements being written count, so conversations arriving together
@@ -95,7 +100,7 @@ def pick(views: Sequence[HostView]) -> str | None:
 
     def rank(
         item: tuple[int, HostView],
-    ) -> tuple[bool, int, int, int, bool, bool, Fraction, Fraction, int, int]:
+    ) -> tuple[bool, int, int, int, int, bool, bool, Fraction, Fraction, int, int]:
         order, v = item
         slots = max(v.parallel, 1)
         return (
@@ -103,6 +108,7 @@ def pick(views: Sequence[HostView]) -> str | None:
             v.tier,
             v.crowd if v.tier == FREE_PLACE else 0,
             -v.leases if v.tier >= SPARE else 0,
+            v.evicts if v.tier >= SPARE else 0,
             not v.room,
             not v.peer,
             Fraction(v.leases, slots),
@@ -171,7 +177,12 @@ class Chooser:
                 count -= 1
             room = True if warmth is None else warmth.room(h, need, leaving)
             tier = LOADED if loads is None else loads.tier(h, model)
-            crowd = 0 if loads is None else loads.crowd(h)
-            view = HostView(h, h in peers, count, parallel, free, held(h), busy, room, tier, crowd)
+            crowd = evicts = 0
+            if loads is not None:
+                crowd = loads.crowd(h)
+                evicts = loads.evicts(h, model) if tier >= SPARE else 0
+            view = HostView(
+                h, h in peers, count, parallel, free, held(h), busy, room, tier, crowd, evicts
+            )
             views.append(view)
         return pick(views)

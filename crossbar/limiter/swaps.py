@@ -25,7 +25,8 @@ open model:
   takes a second or a minute;
 - models waiting for a place take it in the order of their oldest waiting turn.
 
-A host whose capacity is not known (None), and every host that is not a router, has no gate.
+A host's `keep_loaded` models always run (they hold places of their own). A host whose
+capacity is not known (None), and every host that is not a router, has no gate.
 Turns that must never wait (`queue = false`) run at once and hold their model's place.
 """
 
@@ -114,6 +115,8 @@ class SwapGate:
         gate = self._gate(host)
         if model in gate.open:
             return model not in gate.closing
+        if model in self._places.kept(host):
+            return True  # kept loaded there: it holds a place of its own whatever else runs
         line = self._line(host, gate, model)
         return line.index(model) < self._free(host, gate, capacity)
 
@@ -129,7 +132,7 @@ class SwapGate:
             gate.open[model] = gate.quiet[model] = now
             return
         victim = None
-        if len(gate.open) >= capacity:
+        if len(gate.open) >= capacity and model not in self._places.kept(host):
             idle = self._idle(host, gate)
             victim = idle[0] if idle else None
             if victim is not None:
@@ -151,9 +154,9 @@ class SwapGate:
         waits for a place any more, close a model for a turn that waited its `swap_after`, and
         time the next such wait. False for a host without a gate (nothing to do there)."""
         capacity = self._places.capacity(host)
-        gate = self._hosts.get(host)
-        if capacity is None or gate is None:
+        if capacity is None:
             return False
+        gate = self._gate(host)
         if gate.due is not None and gate.due.active():
             gate.due.cancel()
         gate.due = None

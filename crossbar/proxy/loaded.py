@@ -98,6 +98,29 @@ class LoadedModels:
             return NEVER
         return SPARE if any(self._spare(host, m) for m in victims) else EVICTS
 
+    def evicts(self, host: str, model: str) -> int:
+        """The active conversations a load of `model` on `host` would unload: those of the
+        open model (not kept) that has the fewest there; 0 where a place is free."""
+        residency = self._hosts.residency(host)
+        if residency is None:
+            return 0
+        held = self.occupying(host)
+        capacity = residency.capacity
+        if model in held or capacity is None or len(held) < capacity:
+            return 0
+        kept = self._hosts.kept(host)
+        counts = [self._conversations(host, m) for m in held if m not in kept]
+        return min(counts, default=0)
+
+    def _conversations(self, host: str, model: str) -> int:
+        """`model`'s conversations going on `host`: served in the last five minutes, or with a
+        turn in flight or waiting there."""
+        limiter = self._limiter
+        going = limiter.in_flight(host, model) + limiter.queued(host, model)
+        warmth = self._warmth.host(host)
+        served = 0 if warmth is None else warmth.active_of(model, self._clock.seconds())[0]
+        return max(going, served)
+
     def _active(self, host: str, model: str) -> bool:
         """Whether `model` has conversations going on `host`: in flight, waiting, or served
         in the last five minutes."""

@@ -182,6 +182,9 @@ def test_the_chooser_asks_each_candidate_what_running_the_model_takes():
         def crowd(self, host: str) -> int:
             return 1
 
+        def evicts(self, host: str, model: str) -> int:
+            return 0
+
     chooser = Chooser(FakeCapacity(), loads=Tiers())
     assert chooser.choose(["a", "b"], "m", leases=lambda h: {"a": 0, "b": 7}[h]) == "b"
 
@@ -199,4 +202,11 @@ def test_of_the_hosts_with_a_free_place_the_one_running_fewest_models_loads_it()
 def test_where_the_model_must_unload_another_it_goes_where_its_conversations_are():
     # Loaded nowhere: the host holding most of its leases loads it, so its turns batch there.
     v = [HostView("a", False, 1, 2, 2, tier=EVICTS), HostView("b", False, 3, 2, 0, tier=EVICTS)]
+    assert pick(v) == "b"
+
+
+def test_where_every_host_must_unload_a_model_the_least_wanted_one_goes():
+    # A cold model never unseats a hot one: the unload that costs fewest conversations wins.
+    v = [HostView("a", False, 0, 2, 2, tier=EVICTS, evicts=4),
+         HostView("b", False, 0, 2, 2, tier=EVICTS, evicts=1)]  # fmt: skip
     assert pick(v) == "b"

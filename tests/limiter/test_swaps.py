@@ -153,6 +153,14 @@ def test_a_kept_model_never_gives_its_place():
     assert f.opened[-1] == (H, "vision", "chat")  # the idle kept model was passed over
 
 
+def test_a_kept_model_runs_even_when_the_other_places_are_busy():
+    f = Fleet(FakePlaces(capacity_of={H: 2}, keeps={H: ("coder",)}))
+    chat, vision = f.turn("chat"), f.turn("vision")  # both places taken, both busy
+    coder = f.turn("coder")
+    assert not chat.waiting and not vision.waiting and not coder.waiting
+    assert f.opened[-1] == (H, "coder", None)  # it took nobody's place
+
+
 def test_what_the_host_runs_at_start_holds_its_places():
     f = Fleet(FakePlaces(runs={H: ["chat"]}))
     chat = f.turn("chat")
