@@ -5,9 +5,12 @@ from html import unescape
 
 import pytest
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.defer import ensureDeferred
 from twisted.internet.threads import deferToThread
 
+from crossbar.testing.fakerouter import FakeRouter
+from crossbar.testing.fakestate import FakeConfig
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.browser import CHROMIUM, element, render
 from tests.support.harness import MODEL, start_fakes, turn, until, wait
@@ -107,7 +110,9 @@ async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp
     cells = re.findall(r"<td[^>]*>(.*?)</td>", titan)
     # The waiter's prompt, and the wait a newcomer faces: the slots here are held by the test
     # without work, so only the waiter's own (fast on the fakes) counts.
-    queued_prefill, expected = cells[7], cells[8]
+    queued_prefill, expected = cells[9], cells[10]
+    # Not a router-mode host: no models loaded count, no model state.
+    assert (cells[3], cells[5]) == ("\u2013", "\u2013")
     assert int(queued_prefill.replace(",", "")) > 0
     assert re.fullmatch(r"\d+\.\d\d s", expected), expected
     routes = element(dom, "routes")
@@ -132,3 +137,28 @@ async def test_the_dashboard_shows_an_evacuations_progress(crossbar, tmp_path):
     assert 'data-evacuation="done"' in hosts and "<progress" in hosts
     assert "evacuated 1/1" in hosts
     assert ">evacuate<" in hosts  # atlas may be evacuated next
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_router_mode_hosts_models_loaded_and_their_states_are_shown(tmp_path):
+    router = FakeRouter(reactor, {"coder": FakeConfig(), "chat": FakeConfig()},
+                        loaded=("coder",), models_max=1)  # fmt: skip
+    await router.start()
+    hosts = {"gpu1": {"url": router.url, "models": "discover"}}
+    path = write_config(tmp_path / "crossbar.toml", {}, {"convo": {"hosts": ["gpu1"]}},
+                        server={"admin_token": "dash-token"}, hosts=hosts)  # fmt: skip
+    running = await start_service(path, {}, token="dash-token")
+    try:
+        url = f"{running.admin_url}/#token=dash-token"
+        dom = await wait(deferToThread(render, url, tmp_path / "profile"), 120)
+        assert element(dom, "errors") == "", unescape(element(dom, "errors"))
+        table = element(dom, "hosts")
+        assert ">models loaded<" in table and ">state<" in table
+        pattern = r'<tr data-host="gpu1" data-model="(\w+)".*?>(.*?)</tr>'
+        found = re.findall(pattern, table, re.S)
+        rows = {m: re.findall(r"<td[^>]*>(.*?)</td>", row) for m, row in found}
+        assert "1 of 1" in rows["coder"][3]  # one model running of the one it holds
+        assert ">loaded<" in rows["coder"][5] and ">unloaded<" in rows["chat"][5]
+    finally:
+        await running.stop()
+        await router.stop()
