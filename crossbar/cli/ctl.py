@@ -134,13 +134,9 @@ def _evacuate(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
     return evacuate(c, a)
 
 
-def _load(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/models/{seg(a.model)}/load")
-    return answer, f"host {a.host} model {a.model}: {answer['state']}"
-
-
-def _unload(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/models/{seg(a.model)}/unload")
+def _model(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    """`load` or `unload` (a.action) a router-mode host's model."""
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/models/{seg(a.model)}/{a.action}")
     return answer, f"host {a.host} model {a.model}: {answer['state']}"
 
 
@@ -350,12 +346,14 @@ def add_parser(sub: Any) -> None:
     p = cmd("evacuate", _evacuate, "drain HOST and move its conversations away, prewarmed")
     p.add_argument("host")
     p.add_argument("--no-wait", action="store_true", help="start it and return")
-    p = cmd("load", _load, "router-mode HOST loads MODEL (through the router's own API)")
-    p.add_argument("host")
-    p.add_argument("model")
-    p = cmd("unload", _unload, "router-mode HOST unloads MODEL; its conversations there go cold")
-    p.add_argument("host")
-    p.add_argument("model")
+    for action, text in (
+        ("load", "router-mode HOST loads MODEL (through the router's own API)"),
+        ("unload", "router-mode HOST unloads MODEL; its conversations there go cold"),
+    ):
+        p = cmd(action, _model, text)
+        p.set_defaults(action=action)
+        p.add_argument("host")
+        p.add_argument("model")
     p = cmd("model-events", _model_events, "model loads and unloads on router-mode hosts")
     p.add_argument("--host", help="only this host")
     p.add_argument("--model", help="only this model")

@@ -6,10 +6,13 @@ import json
 import socket
 
 import pytest_twisted
+from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from crossbar.cli.ctl import table
 from crossbar.cli.main import build_parser, main
+from crossbar.testing.fakerouter import FakeRouter
+from crossbar.testing.fakestate import FakeConfig
 from tests.support.admin_harness import conversation, start_service, write_config
 from tests.support.harness import MODEL, start_fakes, wait
 from tests.support.routes import CONVO
@@ -257,3 +260,32 @@ async def test_leases_and_routes_come_a_page_at_a_time_with_filters(crossbar):
     code, out, _ = await ctl(crossbar, "routes", "--search", "onv", "--sort", "requests")
     assert [line.split()[0] for line in out.splitlines()[1:-1]] == ["convo"]
     assert out.splitlines()[-1] == "1 of 1 routes"
+
+
+@pytest_twisted.ensureDeferred
+async def test_load_and_unload_reach_a_routers_own_api_and_hosts_shows_the_state(tmp_path):
+    router = FakeRouter(reactor, {"coder": FakeConfig(), "chat": FakeConfig()}, models_max=1)
+    await router.start()
+    hosts = {"gpu1": {"url": router.url, "models": "discover"}}
+    path = write_config(tmp_path / "c.toml", {}, {"convo": {"hosts": ["gpu1"]}}, hosts=hosts)
+    running = await start_service(path, {})
+    try:
+        code, out, err = await ctl(running, "load", "gpu1", "chat")
+        assert (code, out, err) == (0, "host gpu1 model chat: loading\n", "")
+        assert router.status["chat"] in ("loading", "loaded") and router.loads == 1
+        await wait(running.parts.hosts.probe_all())
+        code, out, _ = await ctl(running, "hosts")
+        rows = {line.split()[3]: line.split()[4] for line in out.splitlines()[1:3]}
+        assert rows == {"coder": "unloaded", "chat": "loaded"}
+        assert "gpu1: router holding 1 model(s) at once; running chat" in out
+        code, out, _ = await ctl(running, "unload", "gpu1", "chat")
+        assert (code, out) == (0, "host gpu1 model chat: unloaded\n")
+        assert router.status["chat"] == "unloaded"
+        code, out, _ = await ctl(running, "model-events", "--host", "gpu1")
+        events = [line.split()[-2:] for line in out.splitlines()[1:]]
+        assert events == [["unload", "operator"], ["load", "operator"]]
+        code, _, err = await ctl(running, "load", "gpu1", "nope")
+        assert code == 1 and "does not list model 'nope'" in err
+    finally:
+        await running.stop()
+        await router.stop()
