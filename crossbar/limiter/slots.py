@@ -30,17 +30,13 @@ weighted average of how long recent requests held their slot (before any has fin
 guess of FIRST_HOLD_GUESS seconds); at most `queue_timeout` and at least 1 s.
 
 The expected wait (`expected_wait`, for the valve and the admin API): each request may bring
-its `Work` (the tokens its host must prefill, the tokens it should write). What runs has its
-remaining output left at the host's decode rate (rates.py), less what it has streamed, or
-less the time it has run when nothing streams; each waiter ahead costs the host's overhead,
-its prefill at the prefill rate and its output at the decode rate. Played forward on the slots
-(each waiter takes the slot that frees first), the time until a slot frees for one more is the
-expected wait.
+its `Work` (the tokens its host must prefill, the tokens it should write); what runs and the
+waiters ahead, played forward on the slots at the host's pace (forecast.py), give the time
+until a slot frees for one more; on a router-mode host the swap gate's wait comes first.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from itertools import count
 
@@ -49,6 +45,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from crossbar.config import DEFAULT_LIMITS, Config, RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
+from crossbar.limiter.forecast import all_done, cost, first_free
 from crossbar.limiter.rates import Rates
 from crossbar.limiter.swaps import Demand, Places, SwapGate
 from crossbar.limiter.types import (
@@ -256,19 +253,9 @@ class Limiter:
         ]
         if not ahead and slots.in_flight < limit:
             return 0.0
-        pace = self._pace(host, model)
-        factor = self.rates.factor(host, model)
+        pace, factor = self._pace(host, model), self.rates.factor(host, model)
         now = self._clock.seconds()
-        frees = [_remaining(w, now, pace, factor) for w in slots.running]
-        # Requests beyond the slots (tracked, or a shrink) run after the first to end.
-        frees += [0.0] * max(0, limit - len(frees))
-        heapq.heapify(frees)
-        while len(frees) > limit:
-            first = heapq.heappop(frees)
-            heapq.heapreplace(frees, frees[0] + first)
-        for work in ahead:
-            heapq.heapreplace(frees, frees[0] + factor * _cost(work, pace))
-        return frees[0]
+        return first_free(slots.running, ahead, limit, now, pace, factor)
 
     def _drain(self, key: Pair) -> float:
         """Seconds until every running and waiting request of (host, model) is done, played
@@ -277,19 +264,9 @@ class Limiter:
         if slots is None or (not slots.in_flight and not slots.waiters):
             return 0.0
         limit = max(1, self._limit(key))
-        pace = self._pace(*key)
-        factor = self.rates.factor(*key)
-        now = self._clock.seconds()
-        frees = sorted(_remaining(w, now, pace, factor) for w in slots.running)
-        ends = list(frees)
-        frees = (frees + [0.0] * limit)[:limit]
-        heapq.heapify(frees)
-        for waiter in slots.waiters:
-            cost = factor * _cost(waiter.work, pace) if waiter.work is not None else 0.0
-            end = heapq.heappop(frees) + cost
-            ends.append(end)
-            heapq.heappush(frees, end)
-        return max(ends, default=0.0)
+        pace, factor = self._pace(*key), self.rates.factor(*key)
+        waiting = [w.work for w in slots.waiters]
+        return all_done(slots.running, waiting, limit, self._clock.seconds(), pace, factor)
 
     def queued_prefill(self, host: str, model: str) -> int:
         """Prompt tokens the waiters of (host, model) will have its host prefill."""
@@ -498,7 +475,7 @@ class Limiter:
             # Only an estimate made from what the host and route have shown may teach the
             # factor; the first guesses' errors say nothing of the next requests.
             learned = work.informed and self.rates.source(*key) == "learned"
-            work.estimate = _cost(work, self._pace(*key)) if learned else 0.0
+            work.estimate = cost(work, self._pace(*key)) if learned else 0.0
             slots.running.add(work)
 
     def _rank(self, waiter: Waiter) -> tuple[int, int]:
@@ -621,26 +598,3 @@ class Limiter:
         estimate = hold * (len(slots.waiters) + 1) / self._limit(key)
         # Retry-After is whole seconds; below 1 s a client would just hammer the queue.
         return max(1.0, min(estimate, self._queue_timeout))
-
-
-def _cost(work: Work, pace: tuple[float, float, float]) -> float:
-    """Seconds a request holds its slot: its overhead, its prefill, then its output (`pace`:
-    the host's prefill and decode rates and its overhead)."""
-    prefill, decode, overhead = pace
-    return overhead + work.prefill / prefill + work.output / decode
-
-
-def _remaining(
-    work: Work, now: float, pace: tuple[float, float, float], factor: float = 1.0
-) -> float:
-    """Seconds until a running request ends: its output left at the decode rate once it
-    streams, else its whole expected hold (its cost x the host's `factor`) less the time it
-    has run; at least one token's time (it has not ended yet)."""
-    decode = pace[1]
-    streamed = work.streamed()
-    if streamed > 0:
-        left = (work.output - streamed) / decode
-    else:
-        started = now if work.started is None else work.started
-        left = factor * _cost(work, pace) - (now - started)
-    return max(left, 1 / decode)

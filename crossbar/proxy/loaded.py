@@ -121,19 +121,10 @@ class LoadedModels:
         served = 0 if warmth is None else warmth.active_of(model, self._clock.seconds())[0]
         return max(going, served)
 
-    def _active(self, host: str, model: str) -> bool:
-        """Whether `model` has conversations going on `host`: in flight, waiting, or served
-        in the last five minutes."""
-        limiter = self._limiter
-        if limiter.in_flight(host, model) or limiter.queued(host, model):
-            return True
-        warmth = self._warmth.host(host)
-        return warmth is not None and warmth.active_of(model, self._clock.seconds())[0] > 0
-
     def _spare(self, host: str, model: str) -> bool:
         """Whether unloading `model` from `host` costs no conversation its cache: none is
         going there, or another host has it loaded too."""
-        if not self._active(host, model):
+        if not self._conversations(host, model):
             return True
         return any(
             other != host and model in self.occupying(other)

@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from attrs import evolve
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.interfaces import IReactorTime
-from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -65,7 +64,6 @@ from crossbar.wire import (
     KeepingRelay,
     Kind,
     Outgoing,
-    ReadAnswer,
     Relay,
     Tokens,
     Upstream,
@@ -373,8 +371,7 @@ class ProxyResource(Resource):
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         removed = 0  # placed again because a reload removed the host, or the valve lost a race
         judged = False  # the valve had its say on this turn: one move at most per turn
-        moves = 0  # answers of a router-mode host whose model was moving
-        moving_since = 0.0
+        moves = swapping.Moves(self._clock)  # a router-mode host's model moving under it
         trace = ex.trace
         loaded = self._loaded
         while True:
@@ -452,24 +449,10 @@ class ProxyResource(Resource):
                 release()
                 raise
             if loaded is not None and response.code in swapping.STATUSES and loaded.router(host):
-                answer = await self._moving(response, release)
-                if answer is None:
-                    # The model is moving on the host: wait for it, then try again.
-                    moves += 1
-                    now = self._clock.seconds()
-                    moving_since = moving_since or now
+                answer = await swapping.read_moving(response, release)
+                if answer is None:  # the model is moving there: wait for it, then again
                     load = self._limiter.rates.load(host, call.model)
-                    if now - moving_since >= swapping.patience(load):
-                        ex.error = f"host {host}: model {call.model} kept moving"
-                        raise unavailable(
-                            f"host {host} is loading or unloading model {call.model}; try "
-                            "again shortly", retry_after=max(1, round(load)),
-                        )  # fmt: skip
-                    log.info(
-                        "host {host} is moving model {model}: trying again in {pause:g}s",
-                        host=host, model=call.model, pause=swapping.pause(moves),
-                    )  # fmt: skip
-                    await deferLater(self._clock, swapping.pause(moves))
+                    await moves.wait(ex, host, call.model, load)
                     continue
                 response = answer
             if response.code in _BUSY and may_fall_back(call, acquired.pinned):
@@ -517,15 +500,6 @@ class ProxyResource(Resource):
             retry_after=self._config.server.health_interval,
             queued=self._limiter.queued(host, call.model) if host else 0,
         )
-
-    async def _moving(self, response: Any, release: Release) -> ReadAnswer | None:
-        """A router-mode host's error answer before any byte: read, None when it says the
-        model is moving (swapping.py), else kept to be relayed as it came."""
-        try:
-            body = await read_body(response)
-        finally:
-            release()
-        return None if swapping.moving(response.code, body) else ReadAnswer(response, body)
 
     async def _busy(
         self, call: Call, ex: Exchange, host: str, response: Any, release: Release

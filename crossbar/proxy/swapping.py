@@ -21,6 +21,17 @@ crossbar's own, never the router's answer. Any other answer is relayed as it cam
 from __future__ import annotations
 
 import json
+from typing import Any
+
+from attrs import define
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from crossbar.limiter import Release
+from crossbar.wire import Exchange, ReadAnswer, read_body, unavailable
+
+log = Logger(namespace="crossbar.proxy")
 
 STATUSES = frozenset({400, 500, 503})  # the statuses such an answer comes with
 MIN_PATIENCE = 10.0  # seconds a turn waits for a model's move at least
@@ -60,3 +71,39 @@ def pause(tries: int) -> float:
 def patience(load: float) -> float:
     """Seconds a turn waits out a model's move in all, its load taking `load` seconds."""
     return max(MIN_PATIENCE, 2 * load)
+
+
+async def read_moving(response: Any, release: Release) -> ReadAnswer | None:
+    """A router-mode host's error answer before any byte, read whole (its slot given back):
+    None when it says the model is moving, else the answer, to be relayed as it came."""
+    try:
+        body = await read_body(response)
+    finally:
+        release()
+    return None if moving(response.code, body) else ReadAnswer(response, body)
+
+
+@define
+class Moves:
+    """One request's waits for a model moving on its host: each `wait` pauses a little longer,
+    until `patience` has passed since the first."""
+
+    clock: IReactorTime
+    tries: int = 0
+    since: float | None = None
+
+    async def wait(self, ex: Exchange, host: str, model: str, load: float) -> None:
+        """Wait before trying again (`load`: the model's load time there); raises crossbar's
+        own 503 once the model has kept moving past the request's patience."""
+        self.tries += 1
+        now = self.clock.seconds()
+        self.since = now if self.since is None else self.since
+        if now - self.since >= patience(load):
+            ex.error = f"host {host}: model {model} kept moving"
+            raise unavailable(
+                f"host {host} is loading or unloading model {model}; try again shortly",
+                retry_after=max(1, round(load)),
+            )
+        log.info("host {host} is moving model {model}: trying again in {pause:g}s",
+                 host=host, model=model, pause=pause(self.tries))  # fmt: skip
+        await deferLater(self.clock, pause(self.tries))

@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from crossbar.leases import LOADED
 from crossbar.testing.fakerouter import FakeRouter
 from crossbar.testing.fakestate import FakeConfig
-from tests.support.memnet import CHAT_PATH, Client, Crossbar, Net, _unchunk, start
+from tests.support.memnet import CHAT_PATH, MODEL, Client, Crossbar, Net, _unchunk, chat, start
 
 LOAD = 2.0  # seconds a fake router takes to load a model
 TURN = 1.0  # seconds a 10-token answer takes at 10 tokens a second
@@ -216,3 +217,24 @@ def test_the_admin_api_refuses_what_is_no_routers_model():
     plain = start({"convo": {"hosts": ["titan"]}}, hosts=("titan",))
     status, answer = plain.admin("POST", "/api/hosts/titan/models/qwen-coder/load")
     assert status == 409 and "not a router-mode host" in answer["error"]["message"]
+
+
+def test_a_single_model_llama_server_is_placed_as_before():
+    crossbar = start({"convo": {"hosts": ["titan", "atlas"]}})
+    loaded, gate = crossbar.parts.loaded, crossbar.parts.limiter.gate
+    assert loaded is not None and gate is not None
+    client = crossbar.post(CHAT_PATH, chat("hello"))
+    (host,) = [c for conns in crossbar.net.connections.values() for c in conns]
+    host.answer()
+    crossbar.net.flush()
+    assert client.status == 200
+    for name in ("titan", "atlas"):
+        # Every model is always loaded there: the tier of old, no gate, nothing to unload.
+        assert (loaded.tier(name, MODEL), loaded.crowd(name), loaded.evicts(name, MODEL)) == (
+            LOADED, 0, 0,
+        )  # fmt: skip
+        assert gate.open_models(name) == [] and gate.admits(name, MODEL)
+    assert list(crossbar.parts.hosts.model_events) == []
+    rows = crossbar.admin("GET", "/api/hosts")[1]["hosts"]
+    assert [h["router"] for h in rows] == [None, None]
+    assert {m["load_seconds"] for h in rows for m in h["models"]} == {None}
