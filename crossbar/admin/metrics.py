@@ -350,6 +350,7 @@ class _Live:
             value=m.guard.refused,
         )
         yield from _store(m)
+        yield from _refused_reports(m)
         if m.tenants is not None:
             yield from _keys(m)
 
@@ -559,6 +560,20 @@ def _routers(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]
             loaded.add_metric([name, model.name], 1 if model.name in running else 0)
             seconds.add_metric([name, model.name], limiter.rates.load(name, model.name))
     yield from (places, loaded, seconds)
+
+
+def _refused_reports(m: Metrics) -> Iterator[Metric]:
+    refused = CounterMetricFamily(
+        "crossbar_host_reports_refused",
+        "Answers whose host reported token counts or times out of bounds, by host and reason: "
+        "their counts were not stored, charged or learned.",
+        labels=["host", "reason"],
+    )
+    if m.usage is not None:
+        for (host, why), n in sorted(m.usage.refused_reports.items()):
+            if host_stands(m.config, host):
+                refused.add_metric([host, why], n)
+    yield refused
 
 
 def _store(m: Metrics) -> Iterator[Metric]:

@@ -23,7 +23,7 @@ from twisted.web.iweb import IAgentEndpointFactory, IBodyProducer
 from zope.interface import implementer
 
 from crossbar.config import HostConfig, ModelConfig
-from crossbar.wire import HostEndpoints, authorization, quiet_pool
+from crossbar.wire import MAX_SLOTS, HostEndpoints, authorization, count, positive, quiet_pool
 
 Getter = Callable[[str, Mapping[str, str]], "Deferred[tuple[int, bytes]]"]
 # `post(url, headers, body) -> Deferred[(status, body)]`: a router's /models/load and /unload.
@@ -254,19 +254,20 @@ class Prober:
         except ValueError:
             raise ValueError("/props is not JSON") from None
         places = data.get("max_instances") if isinstance(data, dict) else None
-        if isinstance(places, int) and not isinstance(places, bool) and places >= 0:
-            return places
-        return None
+        return count(places, MAX_SLOTS)
 
-    async def list_models(self, host: HostConfig) -> dict[str, str]:
+    async def list_models(
+        self, host: HostConfig, refused: list[str] | None = None
+    ) -> dict[str, str]:
         """What a host's `GET /models` lists: model id -> state (a router-mode llama-server
         says `loaded`, `unloaded`, `loading`, `sleeping`, `downloading`, or `failed` for an
         unloaded one that failed to load; a single-model server lists its model without one:
-        `loaded`). Raises ValueError (or the request's error) saying why it could not."""
+        `loaded`); ids `model_id_fault` refuses go to `refused`. Raises ValueError (or the
+        request's error) saying why it could not."""
         status, body = await self.fetch(host, "/models")
         if status != 200:
             raise ValueError(_redact(status_reason(status, body), host))
-        return parse_models(body)
+        return parse_models(body, refused)
 
 
 def failure_reason(error: BaseException) -> str:
@@ -309,11 +310,28 @@ def parse_props(body: bytes) -> Props:
         raise ValueError("/props is not a JSON object")
     settings = data.get("default_generation_settings")
     n_ctx = settings.get("n_ctx") if isinstance(settings, dict) else None
-    return Props(total_slots=_positive(data.get("total_slots")), n_ctx=_positive(n_ctx))
+    # A count past wire/reported.py's bounds is no count at all: the config's, else unknown.
+    return Props(total_slots=positive(data.get("total_slots"), MAX_SLOTS), n_ctx=positive(n_ctx))
 
 
-def parse_models(body: bytes) -> dict[str, str]:
-    """Model id -> state from a `GET /models` answer (see `Prober.list_models`)."""
+# The longest model id a listing may name: ids are file or repository names, never this long.
+MAX_MODEL_ID = 512
+
+
+def model_id_fault(name: str) -> str:
+    """Why a model id a host lists cannot be a model's ("" when it can): a control or
+    separator character (a model name never needs one, and one would forge log lines and
+    break /metrics), or a length past MAX_MODEL_ID."""
+    if len(name) > MAX_MODEL_ID:
+        return f"longer than {MAX_MODEL_ID} characters"
+    if not name.isprintable():
+        return "it holds control characters"
+    return ""
+
+
+def parse_models(body: bytes, refused: list[str] | None = None) -> dict[str, str]:
+    """Model id -> state from a `GET /models` answer (see `Prober.list_models`); an id
+    `model_id_fault` refuses is left out (and added to `refused`, when given)."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -326,18 +344,16 @@ def parse_models(body: bytes) -> dict[str, str]:
         name = entry.get("id") if isinstance(entry, dict) else None
         if not isinstance(name, str) or not name:
             continue
+        if model_id_fault(name):
+            if refused is not None:
+                refused.append(name)
+            continue
         status = entry.get("status")
         state = status.get("value") if isinstance(status, dict) else None
         if isinstance(status, dict) and status.get("failed"):
             state = "failed"
         models[name] = state if isinstance(state, str) and state else "loaded"
     return models
-
-
-def _positive(value: Any) -> int | None:
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-        return value
-    return None
 
 
 def _error_message(body: bytes) -> str:

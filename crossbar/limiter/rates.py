@@ -33,6 +33,7 @@ request that sets no `max_tokens` is expected to write; DEFAULT_OUTPUT before an
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from attrs import define
@@ -75,6 +76,12 @@ class _Rate:
         return self.tokens / self.seconds if self.seconds > 0 else None
 
 
+def _finite_rate(tokens: float, seconds: float) -> bool:
+    """A sample teaches a rate only when its own rate is finite: a subnormal time (1e-320 ms,
+    which a host may report) would make the sums' ratio infinite, and every estimate with it."""
+    return seconds > 0 and math.isfinite(seconds) and math.isfinite(tokens / seconds)
+
+
 class Rates:
     """Prefill and decode rates per (host, model), and each route's mean output."""
 
@@ -98,9 +105,9 @@ class Rates:
         """One answer: `prefilled` prompt tokens took `prefill_seconds`, `decoded` output
         tokens `decode_seconds`. Samples too small to tell a rate are skipped."""
         pair = (host, model)
-        if prefilled >= _MIN_PREFILL_TOKENS and prefill_seconds > 0:
+        if prefilled >= _MIN_PREFILL_TOKENS and _finite_rate(prefilled, prefill_seconds):
             self._prefill.setdefault(pair, _Rate()).add(prefilled, prefill_seconds)
-        if decoded >= _MIN_DECODE_TOKENS and decode_seconds > 0:
+        if decoded >= _MIN_DECODE_TOKENS and _finite_rate(decoded, decode_seconds):
             self._decode.setdefault(pair, _Rate()).add(decoded, decode_seconds)
 
     def learn_overhead(self, host: str, model: str, seconds: float) -> None:

@@ -74,8 +74,8 @@ def learn(
     first byte then teaches nothing of the host's pace, and what of it the prefill and the
     host's overhead do not explain is returned (the load's seconds; 0 when unknown)."""
     tokens = ex.tokens
-    if ex.status != 200 or ex.error:
-        return 0.0
+    if ex.status != 200 or ex.error or tokens.refused:
+        return 0.0  # a refused answer's counts are gone (wire/reported.py): nothing to learn
     rates.learn_output(call.route.name, tokens.completion)
     prefilled = max(0, tokens.prompt - tokens.cached)
     timed = tokens.prompt_ms > 0 or tokens.predicted_ms > 0

@@ -356,7 +356,10 @@ class ProxyResource(Resource):
         """Charge the key what the answer really cost, in place of its estimate."""
         now = self._clock.seconds()
         for reservation in charged:
-            reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
+            if tokens.refused:
+                reservation.keep(now)  # the host's counts were refused: nothing to go by
+            else:
+                reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
 
     # -- the way to a host and back
 

@@ -3,7 +3,7 @@ done once."""
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from typing import Protocol
 
@@ -23,6 +23,7 @@ _request_log = Logger(namespace="crossbar.request")  # the request log line's na
 Observer = Callable[[UsageRow], None]
 UNKNOWN_ROUTE = "(unknown)"  # the route of a request refused before its route was known
 MAX_UNSAVED_ROWS = 100_000  # kept through a store outage; past it the oldest go (counted)
+REPORT_LOG_INTERVAL = 60.0  # seconds between log lines of one host's refused counts
 
 
 class RefusalLog:
@@ -110,6 +111,9 @@ class UsageRecorder:
         self.refusals = RefusalLog(clock)
         self.unsaved: deque[UsageRow] = deque(maxlen=MAX_UNSAVED_ROWS)
         self.dropped = 0  # rows that did not fit while the store was down
+        # Answers whose host reported counts out of bounds, per (host, reason): never stored.
+        self.refused_reports: Counter[tuple[str, str]] = Counter()
+        self._refusals_told: dict[tuple[str, str], float] = {}
         self._pending: list[UsageRow] = []  # waiting for the write in flight to finish
         self._writing = False
         if journal is not None:
@@ -124,11 +128,30 @@ class UsageRecorder:
         """Record `ex`: hand its row to the observers and the store (never blocking), and
         learn the model's tokens per character from its prompt."""
         row = self._row(ex)
+        if ex.tokens.refused:
+            self._refused_counts(ex.host, ex.tokens.refused)
         self._tell(row)
         self._write(row)
         if ex.tokens.prompt and ex.prompt_chars:
             self._guard.learn(ex.model, ex.prompt_chars, ex.tokens.prompt)
         return row
+
+    def _refused_counts(self, host: str, why: str) -> None:
+        """A host reported counts crossbar cannot take (wire/reported.py): counted per host
+        and reason, and said in the log once a minute per host and reason at most (a broken
+        host says it on every answer)."""
+        self.refused_reports[(host, why)] += 1
+        now = self._clock.seconds()
+        if now - self._refusals_told.get((host, why), -REPORT_LOG_INTERVAL) < REPORT_LOG_INTERVAL:
+            return
+        self._refusals_told[(host, why)] = now
+        log.warn(
+            "host {host} reported token counts or times out of bounds ({why}): that answer's "
+            "counts are not stored, charged or learned ({n} so far)",
+            host=host,
+            why=why,
+            n=self.refused_reports[(host, why)],
+        )
 
     def refused(self, ex: Exchange, peer: str = "") -> UsageRow:
         """A request refused before a route was known (unknown route, no route, a body or a

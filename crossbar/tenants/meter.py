@@ -12,10 +12,13 @@ holds that limit (then it overshoots by at most itself).
 
 The estimate is the prompt (the guard's count or estimate) and the output the request is
 expected to write: its own limit (`max_tokens` and the like, up to OUTPUT_ESTIMATE_CAP), else
-the key's mean completion, else its route's mean, else DEFAULT_OUTPUT_ESTIMATE (1024) before
-either has answered, never more than what is left of the host's context. Never 0: a burst of
-a new key's first requests is held to what that default lets through (one of them, for a
-small key), and the key's own mean takes over as soon as one has settled.
+the larger of the key's mean completion and its route's mean, the key's being
+DEFAULT_OUTPUT_ESTIMATE (1024) until one of its answers has settled; never more than what is
+left of the host's context. Never 0, and never below the route's mean: a burst of a new key's
+first requests is held to what that default lets through (one of them, for a small key), and
+a route's mean learned from other keys' short answers cannot lower a key's estimate below its
+own. Without output limits, a key so overshoots a limit by at most what its in-flight
+requests' answers write beyond its own mean.
 
 - **rpm, tpm**: token buckets holding a minute's worth, refilled continuously; a request takes
   1 from the rpm bucket and its estimate from the tpm bucket, and the settlement gives back or
@@ -219,7 +222,17 @@ class Reservation:
         self.settled = True
         if prompt == 0 and completion > 0:
             prompt, cached = self.prompt, self.cached
-        return self._meter._settle(self, prompt, cached, completion, now)
+        cost = self.limits.cost(prompt, cached, completion)
+        return self._meter._settle(self, cost, now, completion if completion or prompt else None)
+
+    def keep(self, now: float) -> float:
+        """Settle at the estimate: the host's counts were refused (wire/reported.py), so the
+        key pays what the request was expected to cost, never a refund on a host's word, and
+        its mean completion learns nothing."""
+        if self.settled:
+            return 0.0
+        self.settled = True
+        return self._meter._settle(self, self.estimate, now, None)
 
 
 class KeyMeter:
@@ -253,17 +266,19 @@ class KeyMeter:
     ) -> float:
         """A request's expected cost: its prompt (`cached` of it expected cached) and the
         output it is expected to write: its output limit when it sets one (up to
-        OUTPUT_ESTIMATE_CAP), else the key's mean completion so far, else its route's
-        (`route_mean`, None before any answer), else DEFAULT_OUTPUT_ESTIMATE; never more than
-        what is left of the host's context (`context_left`, when known: the host stops
-        there)."""
+        OUTPUT_ESTIMATE_CAP), else the larger of the key's mean completion so far (before its
+        first answer, DEFAULT_OUTPUT_ESTIMATE) and its route's (`route_mean`, None before any
+        answer); never more than what is left of the host's context (`context_left`, when
+        known: the host stops there)."""
         if output_limit is not None and output_limit > 0:
             output = float(min(output_limit, OUTPUT_ESTIMATE_CAP))
         else:
+            # The larger of the key's mean and its route's: a route's mean learned from other
+            # keys' short (capped) answers once let a key with no mean of its own pass its
+            # tpm nearly twice over. Before the key has a mean, the default at least.
             mean = self._state(key.name).completion_mean
-            if mean is None:
-                mean = route_mean
-            output = float(DEFAULT_OUTPUT_ESTIMATE) if mean is None else mean
+            floor = float(DEFAULT_OUTPUT_ESTIMATE) if mean is None else mean
+            output = max(floor, route_mean or 0.0)
         if context_left is not None:
             output = min(output, float(max(0, context_left)))
         return key.limits.cost(prompt, cached, 0) + output
@@ -371,11 +386,9 @@ class KeyMeter:
 
     # -- settlement
 
-    def _settle(
-        self, r: Reservation, prompt: int, cached: int, completion: int, now: float
-    ) -> float:
+    def _settle(self, r: Reservation, cost: float, now: float, completion: int | None) -> float:
+        """`r` cost `cost`; `completion`, when not None, teaches the key's mean."""
         state = self._state(r.name)
-        cost = r.limits.cost(prompt, cached, completion)
         state.in_flight = max(0, state.in_flight - 1)
         if r.limits.tpm is not None:
             cap = r.limits.tpm * self.share.fraction()
@@ -389,7 +402,7 @@ class KeyMeter:
                 budget.roll(day if period.startswith("d") else month)
                 budget.spent += cost
         state.minute.append((now, cost - r.estimate))
-        if completion > 0 or prompt > 0:
+        if completion is not None:
             mean = state.completion_mean
             state.completion_mean = (
                 float(completion) if mean is None else mean + _MEAN_WEIGHT * (completion - mean)

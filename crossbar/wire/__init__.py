@@ -31,13 +31,18 @@ from crossbar.wire.inbound import (
     request_headers,
 )
 from crossbar.wire.meter import Tokens
+from crossbar.wire.printable import printable, printable_lines
 from crossbar.wire.relay import KeepingRelay, Relay
+from crossbar.wire.reported import MAX_SLOTS, MAX_TOKENS, REPORT_REASONS, count, positive
 from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now
 from crossbar.wire.upstream import Outgoing, Upstream, UpstreamFailure, prepare, renamed_body
 
 __all__ = [
     "INTERNAL",
+    "MAX_SLOTS",
+    "MAX_TOKENS",
     "OPENAI_CHAT",
+    "REPORT_REASONS",
     "ClientError",
     "Dialect",
     "ErrorShape",
@@ -59,6 +64,7 @@ __all__ = [
     "bearer",
     "canonical",
     "classify",
+    "count",
     "forbidden",
     "header_reader",
     "json_object",
@@ -66,7 +72,10 @@ __all__ = [
     "no_delay",
     "not_found",
     "phrase",
+    "positive",
     "prepare",
+    "printable",
+    "printable_lines",
     "pull_to_push",
     "quiet_pool",
     "read_body",

@@ -10,6 +10,8 @@ from typing import Any
 import orjson
 from attrs import define, field
 
+from crossbar.wire.reported import millis, refusal
+
 # A JSON (non-stream) body is kept for parsing only up to this size; past it, usage is unknown.
 JSON_KEEP = 8 * 1024 * 1024
 # A JSON body larger than this (an embeddings batch, say) is not parsed whole on the reactor:
@@ -44,6 +46,8 @@ class Tokens:
     completion: int = 0
     prompt_ms: float = field(default=0.0, eq=False)
     predicted_ms: float = field(default=0.0, eq=False)
+    # Why the host's counts were refused (wire/reported.py REPORT_REASONS), "" when they were not.
+    refused: str = field(default="", eq=False)
 
 
 Reader = Callable[[Any, "Tokens"], bool]  # fills tokens from one object; True if it had any
@@ -83,9 +87,9 @@ def _timings(obj: dict[str, Any], tokens: Tokens) -> bool:
     cache_n, prompt_n = timings.get("cache_n"), timings.get("prompt_n")
     predicted_n = timings.get("predicted_n")
     for name in ("prompt_ms", "predicted_ms"):
-        ms = timings.get(name)
-        if isinstance(ms, int | float) and not isinstance(ms, bool) and ms >= 0:
-            setattr(tokens, name, float(ms))
+        ms = millis(timings.get(name))
+        if ms is not None:
+            setattr(tokens, name, ms)  # checked with the counts when the answer ends
     if isinstance(cache_n, int):
         tokens.cached = cache_n
     if isinstance(cache_n, int) and isinstance(prompt_n, int):
@@ -242,7 +246,11 @@ class Meter:
                 self.on_id(found)
 
     def finish(self) -> None:
-        """The body is complete: parse what was kept."""
+        """The body is complete: parse what was kept, and check what the host said."""
+        self._finish()
+        self._check()
+
+    def _finish(self) -> None:
         if self.stream:
             if self._partial:
                 self._line(bytes(self._partial))
@@ -270,3 +278,12 @@ class Meter:
         """The stream broke: count what reached the client when no usage arrived."""
         if self.stream and not self._usage_seen:
             self.tokens.completion = self.events
+        self._check()
+
+    def _check(self) -> None:
+        """Counts a host cannot have meant (wire/reported.py) are dropped, all of them: the
+        answer keeps only what crossbar saw itself (a stream's events), and says why."""
+        tokens = self.tokens
+        why = refusal(tokens)
+        if why:
+            self.tokens = Tokens(completion=self.events if self.stream else 0, refused=why)

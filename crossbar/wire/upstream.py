@@ -32,6 +32,7 @@ from crossbar.wire.answer import HostClosed, HostResponse, NotHTTP, read_body
 from crossbar.wire.dialects import Dialect
 from crossbar.wire.endpoints import HostEndpoints, authorization
 from crossbar.wire.pool import HostConnection, HostPool, request_head
+from crossbar.wire.reported import count
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
     from crossbar.wire.inbound import Inbound
@@ -332,8 +333,8 @@ class Upstream:
             return None  # the host will refuse an oversized prompt itself
         if status != 200 or not isinstance(data, dict):
             return None
-        if isinstance(data.get("input_tokens"), int):
-            return data["input_tokens"]
+        if "input_tokens" in data:
+            return count(data["input_tokens"])  # none past wire/reported.py's bound
         tokens = data.get("tokens")
         return len(tokens) if isinstance(tokens, list) else None
 
