@@ -356,7 +356,10 @@ class Admin:
         store = self._parts.journal.status()
         usage = self._parts.usage
         store["unsaved_usage_rows"] = len(usage.unsaved)
-        store["dropped_usage_rows"] = usage.dropped
+        # Dropped: beyond what an outage keeps ("outage"), or no column could hold them.
+        reasons = {"outage": usage.dropped, **self._store.dropped_rows}
+        store["dropped_usage_rows"] = sum(reasons.values())
+        store["dropped_usage_reasons"] = {why: n for why, n in reasons.items() if n}
         healthy = sum(1 for h in self._hosts.names() if self._hosts.healthy(h))
         kept = self._parts.kept
         handoff = {"enabled": kept is not None and kept.enabled}

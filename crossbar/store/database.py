@@ -12,7 +12,9 @@ table's writes: `write` here, the conditions explained on `crossbar.leases.Chang
 
 from __future__ import annotations
 
+import math
 import traceback
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
@@ -20,6 +22,7 @@ from attrs import astuple, fields, frozen
 from twisted.enterprise.adbapi import ConnectionPool, Transaction
 from twisted.internet.interfaces import IReactorCore
 from twisted.internet.threads import deferToThreadPool
+from twisted.logger import Logger
 
 from crossbar.config import redact
 from crossbar.leases import Change, Key, Lease, State, Written
@@ -44,6 +47,7 @@ from crossbar.tenants import ClientKey
 __all__ = ["USAGE_GROUPS", "ChangeRow", "Store", "StoreError", "check"]
 
 T = TypeVar("T")
+log = Logger(namespace="crossbar.store")
 
 USAGE_GROUPS = ("route", "host", "model", "key")
 _LEASE_COLUMNS = "route, fp, model, host, state, created, last_used"
@@ -93,6 +97,8 @@ class Store:
         self.instance = instance  # who writes: the change log says so
         self.settled = SettledRows()  # report rows over settled usage, between refreshes
         self._closed = False
+        # Usage rows dropped for values no column holds (`unstorable`), per reason.
+        self.dropped_rows: Counter[str] = Counter()
 
     @classmethod
     async def open(
@@ -237,7 +243,27 @@ class Store:
             return
         if self._closed:
             raise StoreError(f"store {self.path}: recording usage after close")
-        await self.group.usage([_usage_values(row) for row in rows])
+        values = []
+        for row in rows:
+            row_values = _usage_values(row)
+            why = unstorable(row_values)
+            if why:
+                self._drop(row, why)
+            else:
+                values.append(row_values)
+        if values:
+            await self.group.usage(values)
+
+    def _drop(self, row: UsageRow, why: str) -> None:
+        """A row no database column can hold is dropped, never retried: tried with every
+        group, it once kept the store degraded until a restart."""
+        self.dropped_rows[why] += 1
+        log.warn(
+            "usage row of route {route} host {host} dropped: {why} (the database cannot hold it)",
+            route=row.route,
+            host=row.host,
+            why=why,
+        )
 
     async def usage_totals(
         self,
@@ -458,6 +484,33 @@ def _prune(
 def _query(txn: Transaction, sql: str, args: tuple = ()) -> list[tuple]:
     txn.execute(sql, args)
     return txn.fetchall()
+
+
+# The narrowest integer column of a usage row: PostgreSQL's INTEGER (SQLite's is 64-bit).
+_INT_RANGE = (-(2**31), 2**31 - 1)
+UNSTORABLE = ("integer_out_of_range", "number_not_finite", "text_not_storable")
+
+
+def unstorable(values: tuple) -> str:
+    """Why a usage row's column values cannot be written (one of UNSTORABLE), "" when they
+    can: an integer past the column, a NaN or infinite time, text with a NUL (PostgreSQL
+    refuses it) or a lone surrogate (no UTF-8 encodes it)."""
+    low, high = _INT_RANGE
+    for value in values:
+        if isinstance(value, int):
+            if not low <= value <= high:
+                return "integer_out_of_range"
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                return "number_not_finite"
+        elif isinstance(value, str) and not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return "text_not_storable"
+        if isinstance(value, str) and "\x00" in value:
+            return "text_not_storable"
+    return ""
 
 
 def _usage_values(row: UsageRow) -> tuple:

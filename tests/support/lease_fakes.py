@@ -50,6 +50,7 @@ class MemoryStore:
     closed: bool = False
     durable: list[bool] = field(factory=list)  # each write: asked to be durable?
     keys: dict[str, Any] = field(factory=dict)
+    dropped_rows: dict[str, int] = field(factory=dict)  # the real store's unstorable rows
 
     async def list_draining(self) -> set[str]:
         return set(self.draining)
