@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from crossbar.wire import bad_request, json_object, phrase
@@ -15,7 +16,27 @@ def json_answer(request: Any, status: int, payload: Any) -> bytes:
     request.setResponseCode(status, phrase(status))
     request.setHeader(b"Content-Type", b"application/json")
     request.setHeader(b"Cache-Control", b"no-store")
-    return json.dumps(payload).encode()
+    return strict_json(payload)
+
+
+def strict_json(payload: Any) -> bytes:
+    """`payload` as JSON every strict parser reads: a number that is not finite (a rate a
+    host's numbers made infinite) is written `null`, never `Infinity` or `NaN`, which the
+    dashboard's JSON.parse and most clients refuse."""
+    try:
+        return json.dumps(payload, allow_nan=False).encode()
+    except ValueError:
+        return json.dumps(_finite(payload), allow_nan=False).encode()
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def arg(request: Any, name: str) -> str | None:

@@ -17,6 +17,7 @@ from twisted.logger import (
 )
 
 from crossbar.records import UsageRow
+from crossbar.wire import printable, printable_lines
 
 _REQUEST = "crossbar.request"
 log = Logger(namespace=_REQUEST)
@@ -25,17 +26,20 @@ log = Logger(namespace=_REQUEST)
 def log_request(row: UsageRow) -> None:
     """One line per request: route, host, model, status, lease kind, queue, TTFB, tokens."""
     ttfb = f"{row.ttfb_ms:.0f}" if row.ttfb_ms is not None else "-"
-    host, model, lease = row.host or "-", row.model or "-", row.lease or "-"
+    # Every field a client or a host chose is escaped: a CR LF in a path or a model id would
+    # write a forged line of its own, an ESC reach the operator's terminal.
+    host, model, lease = printable(row.host or "-"), printable(row.model or "-"), row.lease or "-"
+    route, path = printable(row.route), printable(row.path)
     queue_ms = row.queue_ms or 0.0
     error = f" error={row.error!r}" if row.error else ""
-    key = f" key={row.key}" if row.key else ""  # the key's name only: never its secret
+    key = f" key={printable(row.key)}" if row.key else ""  # the key's name, never its secret
     if row.fallback_from:
-        key += f" fallback_from={row.fallback_from} fallback={row.fallback_reason}"
+        key += f" fallback_from={printable(row.fallback_from)} fallback={row.fallback_reason}"
     # Formatted here in one f-string: twisted.logger's own formatting of a dozen fields was
     # most of the line's cost, a few percent of the proxy's CPU. The fields stay in the event
     # for JSON observers.
     line = (
-        f"{row.route} {row.path} -> {host} {model} {row.status} lease={lease} "
+        f"{route} {path} -> {host} {model} {row.status} lease={lease} "
         f"queue={queue_ms:.0f}ms ttfb={ttfb}ms "
         f"tokens={row.prompt_tokens}/{row.cached_tokens}/{row.completion_tokens}{key}{error}"
     )
@@ -85,7 +89,11 @@ class ClassicText:
             level = event.get("log_level")
             name = level.name if level is not None else "-"
             return f"{self.time(event.get('log_time'))} [{_REQUEST}#{name}] {event['line']}\n"
-        return formatEventAsClassicLogText(event, formatTime=self.time)
+        text = formatEventAsClassicLogText(event, formatTime=self.time)
+        # Any line's fields may hold text from outside (a host's model id, a client's path):
+        # only the event's own line breaks stay (twistd indents them), every other control
+        # character is escaped, so none forges a line or reaches the terminal.
+        return None if text is None else printable_lines(text[:-1]) + "\n"
 
 
 def text_observer() -> Any:

@@ -28,6 +28,7 @@ class Catalog:
     props: dict[str, Props] = field(factory=dict)  # by model name
     listed: dict[str, str] = field(factory=dict)  # discovered: model -> state, in /models order
     props_done: bool = False  # configured models: /props read for each that needs it
+    refused_ids: set[str] = field(factory=set)  # listed ids model_id_fault refused (logged once)
     _discovered: tuple[ModelConfig, ...] = ()
     _indexed: tuple[ModelConfig, ...] | None = field(default=None, init=False, eq=False)
     _index: dict[str, ModelConfig] = field(factory=dict, init=False, eq=False)

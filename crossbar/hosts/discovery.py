@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING
 from twisted.internet.defer import CancelledError
 from twisted.logger import Logger
 
-from crossbar.hosts.health import Prober, failure_reason
+from crossbar.hosts.health import Prober, failure_reason, model_id_fault
 from crossbar.hosts.residency import ModelEvent
+from crossbar.wire import printable
 
 if TYPE_CHECKING:
     from crossbar.hosts.entry import HostEntry
@@ -48,8 +49,9 @@ async def discover(
             residency.props, residency.props_read = places, True
     if host.config.discover:
         asked = prober.clock.seconds()
+        refused: list[str] = []
         try:
-            listed = await prober.list_models(host.config)
+            listed = await prober.list_models(host.config, refused)
         except CancelledError:
             raise
         except Exception as e:
@@ -59,6 +61,15 @@ async def discover(
             return False
         if void():
             return False
+        if set(refused) != catalog.refused_ids:
+            catalog.refused_ids = set(refused)
+            for model in refused:
+                log.warn(
+                    "host {host} lists a model id crossbar refuses ({why}): {model}",
+                    host=name,
+                    why=model_id_fault(model),
+                    model=printable(model),
+                )
         if catalog.take_listing(listed):
             log.info(
                 "host {host} serves {models}",
