@@ -1,9 +1,13 @@
 """The admin API over a real crossbar: what each endpoint shows and does, and its errors."""
 
+import json
+
 import pytest_twisted
 
+from crossbar.admin.api import Admin
+from crossbar.limiter.rates import _Rate
 from tests.support.admin_harness import conversation, start_service, write_config
-from tests.support.harness import MODEL, start_fakes, turn
+from tests.support.harness import MODEL, start_fakes, turn, wait
 from tests.support.routes import CONVO_AND_SOLO
 
 ROUTES = CONVO_AND_SOLO
@@ -263,3 +267,40 @@ async def test_a_failure_inside_crossbar_is_a_500_body_without_a_traceback(cross
             }
         },
     )
+
+
+def admin_get_paths() -> list[str]:
+    """Every GET path of the admin API, its variables filled with names this config has."""
+    filled = {"host": "titan", "route": "convo", "name": "nobody", "model": MODEL}
+    paths = set()
+    for rule in Admin.app.url_map.iter_rules():
+        if "GET" not in (rule.methods or ()) or not rule.rule.startswith("/api/"):
+            continue
+        path = rule.rule
+        for var in rule.arguments:
+            for form in (f"<{var}>", f"<path:{var}>", f"<string:{var}>", f"<int:{var}>"):
+                path = path.replace(form, filled.get(var, "x"))
+        paths.add(path)
+    return sorted(paths)
+
+
+def refuse_constant(constant: str) -> None:
+    raise ValueError(f"not strict JSON: {constant}")
+
+
+@pytest_twisted.ensureDeferred
+async def test_every_admin_answer_is_strict_json_even_where_a_number_is_not_finite(crossbar):
+    # Round 5: a host's subnormal times made a learned rate infinite, and /api/hosts answered
+    # `Infinity`, which the dashboard's JSON.parse (and every strict parser) refuses.
+    await crossbar.chat("convo", conversation("a"))
+    crossbar.parts.limiter.rates._prefill[("titan", MODEL)] = _Rate(tokens=1.0, seconds=1e-320)
+    paths = admin_get_paths()
+    assert {"/api/hosts", "/api/status", "/api/usage"} <= set(paths)
+    for path in paths:
+        response = await wait(crossbar.http().get(crossbar.admin_url + path))
+        text = (await wait(response.content())).decode()
+        assert response.code < 500, (path, text)
+        json.loads(text, parse_constant=refuse_constant)  # raises on Infinity and NaN
+    hosts = (await crossbar.get("/api/hosts"))["hosts"]
+    titan = next(h for h in hosts if h["name"] == "titan")
+    assert "Infinity" not in json.dumps(titan)

@@ -152,14 +152,18 @@ def test_the_estimate_takes_the_output_limit_capped_else_the_mean_completion():
     assert meter.estimate(k, prompt=10, cached=0, output_limit=None) == 60
 
 
-def test_without_max_tokens_a_request_is_expected_to_write_its_keys_mean_else_its_routes():
+def test_without_max_tokens_a_request_is_expected_to_write_the_larger_of_its_keys_and_routes_mean():
     meter, k = KeyMeter(), key(tpm=10_000)
     # Nothing known yet: the stated default, never 0 (LiteLLM #18730's conditions).
     assert meter.estimate(k, 10, 0, None) == 10 + DEFAULT_OUTPUT_ESTIMATE
-    # The route's answers have taught a mean; the key's have not yet.
-    assert meter.estimate(k, 10, 0, None, route_mean=300.0) == 310
+    # The route's answers have taught a mean; the key's have not yet: the default still holds
+    # where the route's is smaller, the route's where it is larger.
+    assert meter.estimate(k, 10, 0, None, route_mean=300.0) == 10 + DEFAULT_OUTPUT_ESTIMATE
+    assert meter.estimate(k, 10, 0, None, route_mean=2000.0) == 2010
     meter.admit(k, 10.0, T0).settle(10, 0, 50, T0)
-    assert meter.estimate(k, 10, 0, None, route_mean=300.0) == 60  # the key's own, once known
+    # Once the key has a mean: the larger of its own and the route's.
+    assert meter.estimate(k, 10, 0, None, route_mean=300.0) == 310
+    assert meter.estimate(k, 10, 0, None, route_mean=20.0) == 60
     # The host stops at the end of its context: no estimate expects more.
     fresh = key(tpm=10_000)
     fresh = ClientKey("new", fresh.sha256, routes=("*",), limits=fresh.limits)
@@ -202,6 +206,29 @@ def test_a_tpm_limit_hit_by_a_burst_without_max_tokens_is_overshot_by_one_reques
     # The key's answers have taught its mean: the next minute's burst fills it, no more.
     spent = burst(meter, k, 100, 20, 180, T0 + 60)
     assert 1000 - 200 <= spent <= 1000 + 200, spent
+
+
+def test_a_routes_mean_from_other_keys_short_answers_does_not_let_a_key_pass_its_tpm():
+    # Round 5's partial: another key's capped answers taught the route a mean of 100; ten
+    # requests of this key, setting no max_tokens and each writing 200, arrived together.
+    # Charged the route's 100 each, nine were admitted: 1,872 tokens on a 1,000 tpm key.
+    meter, k = KeyMeter(), key(tpm=1000)
+
+    def wave(now: float) -> int:
+        admitted = []
+        for _ in range(10):
+            try:
+                estimate = meter.estimate(k, 8, 0, None, route_mean=100.0)
+                admitted.append(meter.admit(k, estimate, now, 8))
+            except OverLimit:
+                pass
+        for reservation in admitted:
+            reservation.settle(8, 0, 200, now + 1)
+        return len(admitted) * 208
+
+    assert wave(T0) <= 1000 + 208  # the key's first: the default, not the route's 100
+    # Its own mean known, the next minute's wave fills the bucket and no more.
+    assert 1000 - 208 <= wave(T0 + 61) <= 1000
 
 
 def test_a_small_key_is_served_even_when_the_default_estimate_exceeds_its_whole_limit():
