@@ -10,16 +10,25 @@ time (hosts: `parse_props`, `parse_models`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import ssl
+import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from http.client import HTTPException
+from http.client import HTTPConnection, HTTPException, HTTPSConnection
 from typing import Any
 from urllib.error import HTTPError, URLError
 from urllib.parse import quote
-from urllib.request import HTTPRedirectHandler, ProxyHandler, Request, build_opener
+from urllib.request import (
+    HTTPHandler,
+    HTTPRedirectHandler,
+    HTTPSHandler,
+    ProxyHandler,
+    Request,
+    build_opener,
+)
 
 from attrs import field, frozen
 
@@ -47,32 +56,107 @@ class _NoRedirects(HTTPRedirectHandler):
         return None
 
 
+class _Deadline:
+    """One request's whole time: a socket's timeout bounds each wait for bytes, so a server
+    that trickles a byte a second kept init waiting for minutes; at the deadline the
+    request's socket is shut down, which ends whatever read is blocked on it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.passed = False
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._cut)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        _watching.deadline = self
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._timer.cancel()
+        _watching.deadline = None
+
+    def watch(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.append(sock)
+            if self.passed:
+                _shut(sock)
+
+    def _cut(self) -> None:
+        with self._lock:
+            self.passed = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+_watching = threading.local()  # the deadline of the request this thread makes
+
+
+def _watched(connection: Any) -> None:
+    deadline = getattr(_watching, "deadline", None)
+    if deadline is not None and connection.sock is not None:
+        deadline.watch(connection.sock)
+
+
+class _HTTP(HTTPConnection):
+    def connect(self) -> None:
+        super().connect()
+        _watched(self)
+
+
+class _HTTPS(HTTPSConnection):
+    def connect(self) -> None:
+        super().connect()
+        _watched(self)
+
+
+class _Handlers(HTTPHandler, HTTPSHandler):
+    """urllib's handlers on connections a `_Deadline` can cut."""
+
+    def http_open(self, req: Request) -> Any:
+        return self.do_open(_HTTP, req)
+
+    def https_open(self, req: Request) -> Any:
+        return self.do_open(_HTTPS, req, context=self._context)
+
+
 # No proxy from the environment: crossbar connects to its hosts directly, so init asks them
 # the way crossbar will.
-_OPENER = build_opener(ProxyHandler({}), _NoRedirects)
+_OPENER = build_opener(ProxyHandler({}), _NoRedirects, _Handlers)
 
 
 def _get(url: str, path: str, key: str, timeout: float) -> tuple[int, bytes]:
-    """(status, body) of `GET url+path`, with `key` as Bearer when given; NotServing when
-    no HTTP answer came."""
+    """(status, body) of `GET url+path`, with `key` as Bearer when given, all of it within
+    `timeout` (the connect, the head and the body); NotServing when no whole HTTP answer
+    came in that time."""
     headers = {"Accept": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
-    try:
-        with _OPENER.open(Request(url + path, headers=headers), timeout=timeout) as response:
-            return response.status, response.read(_MOST)
-    except HTTPError as e:
-        with e:
-            return e.code, e.read(_MOST)
-    except URLError as e:
-        raise NotServing(_unreachable(e.reason, timeout)) from None
-    except (OSError, HTTPException) as e:
-        raise NotServing(_unreachable(e, timeout)) from None
+    with _Deadline(timeout) as deadline:
+        try:
+            with _OPENER.open(Request(url + path, headers=headers), timeout=timeout) as response:
+                status, body = response.status, response.read(_MOST)
+        except HTTPError as e:
+            with e:
+                status, body = e.code, e.read(_MOST)
+        except URLError as e:
+            raise NotServing(_unreachable(e.reason, timeout, deadline.passed)) from None
+        except (OSError, HTTPException) as e:
+            raise NotServing(_unreachable(e, timeout, deadline.passed)) from None
+    if deadline.passed:  # a body cut at the deadline reads as one that ended
+        raise NotServing(f"no whole answer within {timeout:g} s")
+    return status, body
 
 
-def _unreachable(reason: object, timeout: float) -> str:
-    if isinstance(reason, TimeoutError | socket.timeout):
-        return f"no answer within {timeout:g} s"
+def _unreachable(reason: object, timeout: float, passed: bool = False) -> str:
+    if passed or isinstance(reason, TimeoutError | socket.timeout):
+        return f"no whole answer within {timeout:g} s"  # silent, or too slow: one story
     if isinstance(reason, ConnectionRefusedError):
         return "connection refused: no server listens there"
     if isinstance(reason, socket.gaierror):
@@ -211,7 +295,7 @@ def survey_all(
     urls: Sequence[str], keys: Sequence[KeyEnv], timeout: float
 ) -> list[Server | NotServing]:
     """`survey` of every URL at once (one thread each, at most 16), in their order: a server
-    or why it is not one. `timeout` bounds each request's connect and each wait for bytes."""
+    or why it is not one. `timeout` bounds each request's whole answer."""
 
     def one(url: str) -> Server | NotServing:
         try:

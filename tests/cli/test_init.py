@@ -11,6 +11,7 @@ import tomllib
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.threads import deferToThread
 from twisted.web.pages import notFound
 from twisted.web.resource import Resource
@@ -202,7 +203,65 @@ async def test_an_unreachable_or_silent_url_is_named_with_its_reason_and_nothing
     assert (code, out) == (1, "") and not path.exists()
     assert err.splitlines()[1:] == [
         f"  {closed}: connection refused: no server listens there",
-        f"  {quiet}: no answer within 0.5 s",
+        f"  {quiet}: no whole answer within 0.5 s",
+    ]
+
+
+class Trickle(Protocol):
+    """A server that answers every request a byte at a time, a byte every 50 ms: its head
+    (`head_first`: the head at once, then the body so), then a 200 answer of a /props."""
+
+    def __init__(self, head_first: bool) -> None:
+        self.head_first = head_first
+        self.timer = None
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.timer is not None:
+            return
+        body = b'{"default_generation_settings": {"n_ctx": 4096}}' + b" " * 10_000
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body)
+        if self.head_first:
+            self.transport.write(head)
+            self.left = body
+        else:
+            self.left = head + body
+        self.drip()
+
+    def drip(self) -> None:
+        self.transport.write(self.left[:1])
+        self.left = self.left[1:]
+        self.timer = reactor.callLater(0.05, self.drip) if self.left else None
+
+    def connectionLost(self, reason=None) -> None:
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+
+
+@pytest_twisted.async_yield_fixture
+async def trickling():
+    """`trickling(head_first)`: the URL of a server that answers a byte every 50 ms."""
+    ports = []
+
+    def serve(head_first: bool) -> str:
+        factory = Factory.forProtocol(lambda: Trickle(head_first))
+        ports.append(reactor.listenTCP(0, factory, interface="127.0.0.1"))
+        return f"http://127.0.0.1:{ports[-1].getHost().port}"
+
+    yield serve
+    for port in ports:
+        await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_server_that_trickles_its_answer_is_given_the_timeout_for_all_of_it(trickling):
+    # Round 5: against a byte a second, init still ran after 9 minutes: the timeout bounded
+    # each read, never the answer. Each answer here would take over eight minutes whole.
+    slow_head, slow_body = trickling(head_first=False), trickling(head_first=True)
+    code, out, err = await init(slow_head, slow_body, "--timeout", "0.5")
+    assert (code, out) == (1, "")
+    assert err.splitlines()[1:] == [
+        f"  {slow_head}: no whole answer within 0.5 s",
+        f"  {slow_body}: no whole answer within 0.5 s",
     ]
 
 
