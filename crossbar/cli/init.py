@@ -67,7 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-ar
         type=float,
         default=TIMEOUT,
         metavar="SECONDS",
-        help=f"the longest wait for each answer of a server ({TIMEOUT:g})",
+        help=f"the longest each answer of a server may take, all of it ({TIMEOUT:g})",
     )
     p.add_argument(
         "--admin-port",

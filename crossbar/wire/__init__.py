@@ -19,6 +19,7 @@ from crossbar.wire.errors import (
     unavailable,
     write_error,
 )
+from crossbar.wire.escaping import printable, printable_lines
 from crossbar.wire.exchange import Exchange
 from crossbar.wire.headers import RawHeaders
 from crossbar.wire.inbound import (
@@ -31,7 +32,6 @@ from crossbar.wire.inbound import (
     request_headers,
 )
 from crossbar.wire.meter import Tokens
-from crossbar.wire.printable import printable, printable_lines
 from crossbar.wire.relay import KeepingRelay, Relay
 from crossbar.wire.reported import MAX_SLOTS, MAX_TOKENS, REPORT_REASONS, count, positive
 from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now

@@ -118,7 +118,8 @@ function places(router) {
 function loaded(router, m) {
   if (!router || !m.state) return "–";
   const guess = m.load_seconds_source !== "learned" ? "~" : "";
-  const load = `load ${guess}${m.load_seconds < 10 ? m.load_seconds.toFixed(1) : Math.round(m.load_seconds)} s`;
+  const load = m.load_seconds === null ? "load unknown"
+    : `load ${guess}${m.load_seconds < 10 ? m.load_seconds.toFixed(1) : Math.round(m.load_seconds)} s`;
   return el("span", { class: m.state === "loaded" ? "ok" : (m.state === "failed" ? "bad" : "muted"),
                       title: load }, m.state);
 }
@@ -131,7 +132,8 @@ function expectedWait(seconds) {
 
 // The host's learned rates for the model; "~" before any answer of its own (a guess).
 function rates(m) {
-  if (m.prefill_tokens_per_second === undefined) return "–";
+  // null: a number the admin API could not write as JSON (not finite).
+  if (m.prefill_tokens_per_second == null || m.decode_tokens_per_second == null) return "–";
   const text = `${num(Math.round(m.prefill_tokens_per_second))} / ${num(Math.round(m.decode_tokens_per_second))}`;
   const guess = m.rates_source !== "learned";
   return el("span", { class: guess ? "muted" : "", title: `rates: ${m.rates_source}` }, guess ? `~${text}` : text);
