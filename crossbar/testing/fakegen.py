@@ -245,11 +245,12 @@ class _Output:
             await self._send(self._fmt.token(self._job, piece, token, i))
 
     async def end(self, outcome: Outcome) -> None:
+        report = self._fake.faults.report
         if not self._job.stream:
             await self._gate()
-            send_json(self._request, self._fmt.body(self._job, outcome))
+            send_json(self._request, _lie(self._fmt.body(self._job, outcome), report))
             return
-        events = self._fmt.end(self._job, outcome)
+        events = [(_lie(data, report), name) for data, name in self._fmt.end(self._job, outcome)]
         if self._fmt.done_marker:
             events.append(("[DONE]", None))
         await self._send(events)
@@ -257,6 +258,19 @@ class _Output:
         if self._flow is not None:
             self._request.unregisterProducer()
         self._request.finish()
+
+
+def _lie(data: Any, report: dict[str, Any] | None) -> Any:
+    """`data` (a body or an event) with the `report` fault's fields in its `usage` and
+    `timings`, wherever the dialect keeps them (Anthropic's and Responses' wrap them)."""
+    if not report or not isinstance(data, dict):
+        return data
+    for holder in (data, data.get("message"), data.get("response")):
+        if isinstance(holder, dict):
+            for name, fields in report.items():
+                if isinstance(holder.get(name), dict):
+                    holder[name] = {**holder[name], **fields}
+    return data
 
 
 async def infer(fake: Fake, request: Request, path: str, body: dict[str, Any]) -> None:

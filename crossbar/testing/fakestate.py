@@ -67,6 +67,15 @@ def _busy(_: object, attribute: Attribute[Any], value: object) -> None:
         raise ValueError(f"{attribute.name} must be null, 429 or 503, not {value!r}")
 
 
+def _report(_: object, attribute: Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or not set(value) <= {"usage", "timings"}:
+        raise ValueError(f"{attribute.name} must be null or an object of usage and timings")
+    if not all(isinstance(v, dict) for v in value.values()):
+        raise ValueError(f"{attribute.name}: usage and timings must be objects")
+
+
 def _refuse_changed(faults: Faults, _: Attribute[Any], value: bool) -> bool:
     # The listener has to follow this switch; the owner is told the new value (the attribute
     # still holds the old one while this hook runs).
@@ -92,6 +101,8 @@ class Faults:
     - `stall_after_chunks`: a stream goes silent after N SSE events, connection kept open;
       0 also stalls non-streaming inference before any response byte.
     - `loading`: `/health` and every other llama-server path answer 503 "Loading model".
+    - `report`: a lying host: `{"usage": {...}, "timings": {...}}` whose fields replace those
+      of every answer's `usage` and `timings` (any JSON: 2**63, 1e-320, -100000).
     """
 
     refuse: bool = field(
@@ -103,6 +114,7 @@ class Faults:
     drop_after_chunks: int | None = field(default=None, validator=_chunks)
     stall_after_chunks: int | None = field(default=None, validator=_chunks)
     loading: bool = field(default=False, validator=_switch)
+    report: dict[str, Any] | None = field(default=None, validator=_report)
     _on_refuse: Callable[[bool], None] | None = field(
         default=None, repr=False, eq=False, init=False
     )
