@@ -4,6 +4,18 @@ shown. Every error names its dotted path (docs/reference.md, "Config"). Imports 
 crossbar but records.
 """
 
+from crossbar.config.classes import (
+    BATCH,
+    CLASSES,
+    CLIENT_HINTS,
+    HEADER,
+    INTERACTIVE,
+    RANK,
+    SERVICE_TIERS,
+    STANDARD,
+    class_error,
+    lowered,
+)
 from crossbar.config.fields import http_url, valid_name
 from crossbar.config.keys import (
     DEFAULT_CACHED_WEIGHT,
@@ -30,9 +42,17 @@ from crossbar.config.values import (
 )
 
 __all__ = [
+    "BATCH",
+    "CLASSES",
+    "CLIENT_HINTS",
     "DEFAULT_CACHED_WEIGHT",
     "DEFAULT_LIMITS",
+    "HEADER",
+    "INTERACTIVE",
     "PREWARM_PRIORITY",
+    "RANK",
+    "SERVICE_TIERS",
+    "STANDARD",
     "Config",
     "ConfigError",
     "HostConfig",
@@ -43,6 +63,7 @@ __all__ = [
     "Route",
     "RouteLimits",
     "TracingConfig",
+    "class_error",
     "format_duration",
     "format_size",
     "hash_secret",
@@ -50,6 +71,7 @@ __all__ = [
     "http_url",
     "is_postgres",
     "load_config",
+    "lowered",
     "parse_config",
     "parse_duration",
     "read_key_spec",

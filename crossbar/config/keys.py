@@ -17,6 +17,7 @@ from typing import Any
 
 from attrs import asdict, field, frozen
 
+from crossbar.config.classes import INTERACTIVE, class_error
 from crossbar.config.fields import NAME, Errors, Section, quote, type_name
 from crossbar.config.limits import WEIGHT_MAX, WEIGHT_MIN
 
@@ -42,6 +43,10 @@ class KeyLimits:
     tokens_per_month: int | None = None  # UTC calendar month
     cached_weight: float = DEFAULT_CACHED_WEIGHT
     weight: float | None = None  # its share of its route's slots among the route's keys
+    # Its requests' class when they do not say (None: their route's), and the highest class
+    # they may claim (config/classes.py).
+    request_class: str | None = None
+    max_class: str = INTERACTIVE
 
     def cost(self, prompt: int, cached: int, completion: int) -> float:
         """What a request with these tokens costs the key."""
@@ -104,7 +109,21 @@ def read_limits(table: Section) -> KeyLimits:
         )
         cached = DEFAULT_CACHED_WEIGHT
     weight = table.positive_number("weight", None, WEIGHT_MIN, WEIGHT_MAX)
-    return KeyLimits(**values, cached_weight=float(cached), weight=weight)
+    claimed = table.raw("class", None)
+    if claimed is not None and class_error(claimed):
+        table.errors.add(table.sub("class"), class_error(claimed) or "")
+        claimed = None
+    most = table.raw("max_class", INTERACTIVE)
+    if class_error(most):
+        table.errors.add(table.sub("max_class"), class_error(most) or "")
+        most = INTERACTIVE
+    return KeyLimits(
+        **values,
+        cached_weight=float(cached),
+        weight=weight,
+        request_class=claimed,
+        max_class=most,
+    )
 
 
 def read_expiry(table: Section, key: str = "expires") -> float | None:

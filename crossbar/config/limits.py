@@ -4,7 +4,8 @@ A route's `priority` orders waiters of one (host, model): a higher one is admitt
 lower one. Within a priority, routes that set `weight` get a line of their own and share
 admissions in proportion to their weights; routes that leave it out share one FIFO line (today's
 order) that counts as weight 1. `max_in_flight` caps a route's requests over all hosts;
-`max_queued` bounds its waiters per (host, model).
+`max_queued` bounds its waiters per (host, model); `batch_slots` the slots of a (host, model)
+its batch requests may hold.
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class RouteLimits:
     weight: float | None = None  # None: the shared FIFO line of its priority (weight 1)
     max_in_flight: int | None = None  # None: unlimited
     max_queued: int | None = None  # None: the server's queue_max
+    batch_slots: int | None = None  # None: every slot of a (host, model) but one, at least 1
+
+    def batch_cap(self, parallel: int) -> int:
+        """The most slots of a (host, model) with `parallel` slots its batch requests may
+        hold: the rest stay for interactive and standard work."""
+        if self.batch_slots is not None:
+            return self.batch_slots
+        return max(1, parallel - 1)
 
     def queued_bound(self, queue_max: int) -> int:
         """The most waiters this route may have per (host, model)."""

@@ -7,6 +7,7 @@ from typing import Any
 
 from attrs import evolve, field, frozen
 
+from crossbar.config.classes import STANDARD, class_error
 from crossbar.config.fields import NAME, Errors, Section, key_path, origin_error, quote
 from crossbar.config.limits import PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGHT_MIN, RouteLimits
 
@@ -14,7 +15,7 @@ AFFINITIES = ("conversation", "route")
 AUTHS = ("", "keys")  # "": the route's own `keys` list, if any; "keys": named keys too
 UNKNOWN_MODELS = ("error", "default")
 # The keys that shape a route's place in the slot queues; meaningless where it never queues.
-SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued")
+SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued", "batch_slots")
 # The valve weighs a queued turn's wait at home against a move: only a queueing route with a
 # lease per conversation has either (docs/reference.md, "Leases": the valve).
 VALVE_KEYS = ("valve", "valve_margin", "valve_slack", "valve_hold")
@@ -42,6 +43,10 @@ class Route:
     weight: float | None = None  # None: the shared FIFO line of its priority
     max_in_flight: int | None = None  # None: unlimited
     max_queued: int | None = None  # None: the server's queue_max
+    # Its requests' class when neither they nor their key say (config/classes.py), and the
+    # slots of a (host, model) its batch requests may hold (None: all but one, at least 1).
+    request_class: str = STANDARD
+    batch_slots: int | None = None
     rebalance: bool = False  # move idle conversations off a host whose queue stays full
     rebalance_after: float = 30.0  # how long a queue must stay non-empty
     rebalance_idle: float = 20.0  # only conversations idle this long move
@@ -95,6 +100,7 @@ class Route:
             weight=self.weight,
             max_in_flight=self.max_in_flight,
             max_queued=self.max_queued,
+            batch_slots=self.batch_slots,
         )
 
     def alias(self, name: str) -> str | None:
@@ -152,6 +158,10 @@ def read_route_body(table: Section, name: str) -> Route:
         )
         auth = ""
     queue = table.boolean("queue", True)
+    request_class = table.string("class", STANDARD)
+    if class_error(request_class):
+        table.errors.add(table.sub("class"), class_error(request_class) or "")
+        request_class = STANDARD
     unqueued = [key for key in SHARING_KEYS if table.has(key)] if not queue else []
     # Tuning a valve that can never open is a mistake worth saying; `valve = false` never is.
     inert = (not queue or affinity == "route") and table.peek("valve") is not False
@@ -169,6 +179,8 @@ def read_route_body(table: Section, name: str) -> Route:
         weight=table.positive_number("weight", None, WEIGHT_MIN, WEIGHT_MAX),
         max_in_flight=table.integer("max_in_flight", None),
         max_queued=table.integer("max_queued", None, minimum=0),
+        request_class=request_class,
+        batch_slots=table.integer("batch_slots", None, minimum=1),
         aliases=table.string_table("aliases"),
         unknown_model=unknown_model,
         cors_origins=_read_origins(table),

@@ -65,6 +65,7 @@ class ServerConfig:
     sweep_batch: int = 200  # idle leases expired per transaction
     queue_max: int = 64
     queue_timeout: float = 300.0
+    class_aging: float = 30.0  # a waiter rises one request class per this long waited
     max_body: int = 64 * 1024 * 1024
     max_body_memory: int = 256 * 1024 * 1024  # request bodies held at once, both ports together
     upstream_connect_timeout: float = 5.0
@@ -223,6 +224,7 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         sweep_batch=t.integer("sweep_batch", d.sweep_batch),
         queue_max=t.integer("queue_max", d.queue_max, minimum=0),
         queue_timeout=t.duration("queue_timeout", d.queue_timeout),
+        class_aging=t.duration("class_aging", d.class_aging),
         max_body=t.size("max_body", d.max_body),
         max_body_memory=t.size("max_body_memory", d.max_body_memory),
         upstream_connect_timeout=t.duration("upstream_connect_timeout", d.upstream_connect_timeout),
