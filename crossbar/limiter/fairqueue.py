@@ -1,13 +1,18 @@
-"""The waiters of one (host, model): priority levels, fair lines, FIFO within a line.
+"""The waiters of one (host, model): class and priority levels, fair lines, FIFO within a line.
 
-Each waiter belongs to a route, and the route's limits (read through a callable, so a reload
-takes effect on `rearrange`) place it:
+Each waiter belongs to a route and a request class (its `rank`: batch 0, standard 1, interactive
+2; config/classes.py), and the route's limits (read through a callable, so a reload takes effect
+on `rearrange`) place it:
 
-- **Level**: one per priority. `take` looks at the highest level with an eligible waiter first,
-  so a higher priority is admitted before every lower one.
+- **Level**: one per (rank, priority). `take` looks at the highest level with an eligible
+  waiter first, so a higher class is admitted before every lower one, and within a class a
+  higher priority before every lower one. A waiter's rank may rise while it waits (`raise_to`:
+  the limiter's aging), never fall.
 - **Line**: within a level, every route that sets no `weight` shares one line (weight 1), in
   arrival order across those routes: with every route at the defaults there is one level and
   one line, which is exactly the old FIFO. A route that sets `weight` has a line of its own.
+  Waiters of another class than the level's (batch or standard requests raised by aging) have
+  lines of their own in it, so the batch cap can pass over them alone.
 - **Fair sharing** between the lines of a level is start-time fair queuing over admissions:
   each line carries the start tag of its next admission; `take` admits from the eligible line
   with the smallest tag (ties: the earlier arrival), sets the level's virtual time to that tag
@@ -18,8 +23,9 @@ takes effect on `rearrange`) place it:
   the route's admissions the same way, start-time fair queuing by the key's weight (1 unless
   it sets one), so one key's batch cannot starve the route's other keys; waiters of one key,
   and every waiter of a route without keys, keep arrival order.
-- **Eligibility** is the caller's (a route at its `max_in_flight` is not): within a line the
-  first eligible waiter is taken, so a capped route's waiters never block anyone else's.
+- **Eligibility** is the caller's, per route and class (a route at its `max_in_flight` is not,
+  nor batch at its cap): within a line the first eligible waiter is taken, so a capped
+  route's waiters never block anyone else's.
 
 Nothing here knows about slots, time or Deferreds; the limiter decides when to `take`.
 """
@@ -36,7 +42,9 @@ SHARED_WEIGHT = 1.0
 
 
 class Queued(Hashable, Protocol):
-    """What the queue needs of a waiter: its route's name and its arrival number."""
+    """What the queue needs of a waiter: its route's name and its arrival number; and where it
+    has them, its own class (`klass`) and the class it waits at now (`rank`), standard (1)
+    otherwise, as its key (`tenant`, `tenant_weight`) is none otherwise."""
 
     @property
     def route(self) -> str: ...
@@ -46,8 +54,10 @@ class Queued(Hashable, Protocol):
 
 
 W = TypeVar("W", bound=Queued)
-Eligible = Callable[[str], bool]
-_LineKey = str | None  # a weighted route's name, or None for the level's shared line
+Eligible = Callable[[str, int], bool]  # (route, the waiter's own class): may it be admitted
+# A weighted route's name (None: the level's shared line), and its waiters' own class.
+_LineKey = tuple[str | None, int]
+_LevelKey = tuple[int, int]  # (rank, priority)
 
 
 class _Keys(Generic[W]):
@@ -69,6 +79,10 @@ class _Keys(Generic[W]):
     def __bool__(self) -> bool:
         return self._n > 0
 
+    def __iter__(self) -> Iterator[W]:
+        for queue in self._queues.values():
+            yield from queue
+
     def append(self, waiter: W) -> None:
         tenant = getattr(waiter, "tenant", "")
         queue = self._queues.get(tenant)
@@ -76,7 +90,14 @@ class _Keys(Generic[W]):
             queue = self._queues[tenant] = deque()
             # A key that was idle gets no credit for the time it missed.
             self._tags[tenant] = max(self._tags.get(tenant, 0.0), self._vtime)
-        queue.append(waiter)
+        if queue and queue[-1].seq > waiter.seq:
+            # A waiter raised from a lower class keeps its place by arrival.
+            at = len(queue) - 1
+            while at > 0 and queue[at - 1].seq > waiter.seq:
+                at -= 1
+            queue.insert(at, waiter)
+        else:
+            queue.append(waiter)
         self._n += 1
 
     def head(self) -> W:
@@ -114,11 +135,12 @@ class _Keys(Generic[W]):
 
 
 class _Line(Generic[W]):
-    __slots__ = ("routes", "tag", "weight")
+    __slots__ = ("klass", "routes", "tag", "weight")
 
-    def __init__(self, weight: float, tag: float) -> None:
+    def __init__(self, weight: float, tag: float, klass: int) -> None:
         self.weight = weight
         self.tag = tag  # the start tag of this line's next admission
+        self.klass = klass  # its waiters' own class
         self.routes: dict[str, _Keys[W]] = {}  # each shared by key, else by arrival
 
     def head(self, eligible: Eligible) -> W | None:
@@ -128,28 +150,29 @@ class _Line(Generic[W]):
             if not waiters:
                 continue
             first = waiters.head()
-            if (best is None or first.seq < best.seq) and eligible(name):
+            if (best is None or first.seq < best.seq) and eligible(name, self.klass):
                 best = first
         return best
 
 
 class _Level(Generic[W]):
-    __slots__ = ("lines", "priority", "vtime")
+    __slots__ = ("key", "lines", "vtime")
 
     def __init__(
-        self, priority: int, vtime: float = 0.0, lines: dict[_LineKey, _Line[W]] | None = None
+        self, key: _LevelKey, vtime: float = 0.0, lines: dict[_LineKey, _Line[W]] | None = None
     ) -> None:
-        self.priority = priority
+        self.key = key  # (rank, priority)
         self.vtime = vtime  # the start tag of the level's latest admission
         self.lines: dict[_LineKey, _Line[W]] = {} if lines is None else lines
 
 
 class FairQueue(Generic[W]):
-    """Waiters by priority, then fair share by weight, then arrival; see the module doc."""
+    """Waiters by class and priority, then fair share by weight, then arrival; see the module
+    doc."""
 
     def __init__(self, limits: Callable[[str], RouteLimits]) -> None:
         self._limits = limits
-        self._levels: dict[int, _Level[W]] = {}
+        self._levels: dict[_LevelKey, _Level[W]] = {}
         self._where: dict[W, tuple[_Level[W], _Line[W]]] = {}
         self._counts: Counter[str] = Counter()
 
@@ -171,14 +194,16 @@ class FairQueue(Generic[W]):
     def push(self, waiter: W) -> None:
         """Queue `waiter` at the back of its route's line (arrivals come in `seq` order)."""
         limits = self._limits(waiter.route)
-        level = self._levels.get(limits.priority)
+        rank, klass = getattr(waiter, "rank", 1), getattr(waiter, "klass", 1)
+        where = (rank, limits.priority)
+        level = self._levels.get(where)
         if level is None:
-            level = self._levels[limits.priority] = _Level(limits.priority)
-        key = None if limits.weight is None else waiter.route
+            level = self._levels[where] = _Level(where)
+        key = (None if limits.weight is None else waiter.route, klass)
         weight = SHARED_WEIGHT if limits.weight is None else limits.weight
         line = level.lines.get(key)
         if line is None:
-            line = level.lines[key] = _Line(weight, level.vtime)
+            line = level.lines[key] = _Line(weight, level.vtime, klass)
         line.weight = weight
         waiters = line.routes.get(waiter.route)
         if waiters is None:
@@ -193,10 +218,26 @@ class FairQueue(Generic[W]):
         line.routes[waiter.route].remove(waiter)
         self._forget(waiter, level, line)
 
+    def mixed(self) -> bool:
+        """Whether waiters of more than one class rank wait here."""
+        ranks = {key[0] for key in self._levels}
+        return len(ranks) > 1
+
+    def below(self, rank: int) -> list[W]:
+        """The waiters waiting at a class below `rank`, in arrival order."""
+        found = [w for key, level in self._levels.items() if key[0] < rank for w in _of(level)]
+        return sorted(found, key=lambda w: w.seq)
+
+    def raise_to(self, waiter: W, rank: int) -> None:
+        """Move `waiter` up to class `rank` (aging), keeping its arrival order there."""
+        self.remove(waiter)
+        waiter.rank = rank  # type: ignore[attr-defined]
+        self.push(waiter)
+
     def take(self, eligible: Eligible) -> W | None:
         """Remove and return the waiter to admit next among eligible routes, or None."""
-        for priority in sorted(self._levels, reverse=True):
-            level = self._levels[priority]
+        for where in sorted(self._levels, reverse=True):
+            level = self._levels[where]
             best: tuple[float, int, _Line[W], W] | None = None
             for line in level.lines.values():
                 head = line.head(eligible)
@@ -220,12 +261,12 @@ class FairQueue(Generic[W]):
         arrival order, each level's virtual time and each surviving line's tag."""
         waiters = list(self)
         self._levels = {
-            priority: _Level(
-                priority,
+            where: _Level(
+                where,
                 level.vtime,
-                {k: _Line(line.weight, line.tag) for k, line in level.lines.items()},
+                {k: _Line(line.weight, line.tag, line.klass) for k, line in level.lines.items()},
             )
-            for priority, level in self._levels.items()
+            for where, level in self._levels.items()
         }
         self._where.clear()
         self._counts.clear()
@@ -250,4 +291,9 @@ class FairQueue(Generic[W]):
             if not line.routes and line.tag <= level.vtime:
                 del level.lines[key]
         if all(not line.routes for line in level.lines.values()):
-            del self._levels[level.priority]
+            del self._levels[level.key]
+
+
+def _of(level: _Level[W]) -> list[W]:
+    """Every waiter of a level."""
+    return [w for line in level.lines.values() for keys in line.routes.values() for w in keys]

@@ -43,7 +43,7 @@ from itertools import count
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 
-from crossbar.config import DEFAULT_LIMITS, Config, RouteLimits
+from crossbar.config import DEFAULT_LIMITS, RANK, Config, RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
 from crossbar.limiter.forecast import all_done, cost, first_free
 from crossbar.limiter.rates import Rates
@@ -82,6 +82,8 @@ __all__ = [
 FIRST_HOLD_GUESS = 30.0
 # Weight of the newest hold time in the running average behind retry-after hints.
 _HOLD_WEIGHT = 0.2
+BATCH_RANK, STANDARD_RANK, INTERACTIVE_RANK = RANK["batch"], RANK["standard"], RANK["interactive"]
+CLASS_AGING = 30.0  # server.class_aging's default, for a limiter made without a config
 
 
 class Limiter:
@@ -110,6 +112,7 @@ class Limiter:
         self._queue_max = queue_max
         self._queue_timeout = queue_timeout
         self._config = config
+        self._aging = config.server.class_aging if config is not None else CLASS_AGING
         self._slots: dict[Pair, SlotEntry] = {}
         self._routes: dict[str, RouteEntry] = {}
         self._arrivals = count()
@@ -137,13 +140,15 @@ class Limiter:
         tenant: tuple[str, float] | None = None,
         work: Work | None = None,
         since: float | None = None,
+        klass: int = STANDARD_RANK,
     ) -> Deferred[Release]:
         """A slot: fires with its idempotent release, or fails with QueueFull / QueueTimeout.
 
         `route` places the request in the queue (None: an anonymous route at the defaults);
         `tenant` (a client key's name and weight) shares the route's turn with its other keys;
         `work` is what it asks of the slot (the expected wait); `since` when it began waiting
-        elsewhere (a turn the valve moved keeps its deadline). Cancelling the Deferred while it
+        elsewhere (a turn the valve moved keeps its deadline); `klass` its request class's rank
+        (config/classes.py: batch 0, standard 1, interactive 2). Cancelling the Deferred while it
         waits removes the waiter from the queue; it never holds a slot. Once it has fired, the
         caller owns the release and must call it.
         """
@@ -155,16 +160,19 @@ class Limiter:
         if (
             slots.in_flight < self._limit(key)
             and state.below_cap()
+            and (klass != BATCH_RANK or self._batch_room(key, slots, state))
             and (gate is None or gate.admits(host, model))
         ):
-            # Whoever still waits here after _admit is at its route's cap: nobody is passed over.
+            # Whoever still waits here after _admit is at its route's cap or batch at its own:
+            # nobody is passed over.
             if gate is not None:
                 gate.enter(host, model)
             slots.held += 1
             slots.admitted += 1
+            slots.by_class[klass] += 1
             state.held += 1
             self._start(key, slots, work)
-            return succeed(self._release(key, slots, state, False, work))
+            return succeed(self._release(key, slots, state, False, work, klass))
         name, bound = state.name, state.limits.queued_bound(self._queue_max)
         if len(slots.waiters) >= self._queue_max or slots.waiters.count(name) >= bound:
             slots.refused += 1
@@ -176,7 +184,7 @@ class Limiter:
             return fail(RouteQueueFull(message, retry, name, bound))
         now = self._clock.seconds()
         enqueued = now if since is None else min(since, now)
-        waiter = Waiter(name, next(self._arrivals), enqueued)
+        waiter = Waiter(name, next(self._arrivals), enqueued, klass=klass, rank=klass)
         if tenant is not None:
             waiter.tenant, waiter.tenant_weight = tenant
         waiter.deferred = Deferred(lambda _: self._leave(key, slots, waiter))
@@ -301,6 +309,7 @@ class Limiter:
         self._queue_max = config.server.queue_max
         self._queue_timeout = config.server.queue_timeout
         self._config = config
+        self._aging = config.server.class_aging
         self.rates.forget(set(config.hosts))
         if self.gate is not None:
             self.gate.forget(set(config.hosts))
@@ -351,6 +360,21 @@ class Limiter:
     def queued(self, host: str, model: str) -> int:
         slots = self._slots.get((host, model))
         return 0 if slots is None else len(slots.waiters)
+
+    def by_class(self, host: str, model: str) -> dict[str, tuple[int, int]]:
+        """Slots held and waiters of (host, model) per request class (by its own class, aged or
+        not): {"interactive": (held, waiting), "standard": ..., "batch": ...}."""
+        slots = self._slots.get((host, model))
+        held = [0, 0, 0] if slots is None else slots.by_class
+        waiting = [0, 0, 0]
+        if slots is not None:
+            for waiter in slots.waiters:
+                waiting[waiter.klass] += 1
+        return {name: (held[r], waiting[r]) for name, r in RANK.items()}
+
+    def batch_cap(self, host: str, model: str) -> int:
+        """The slots of (host, model) batch requests of a route at the defaults may hold."""
+        return DEFAULT_LIMITS.batch_cap(self._limit((host, model)))
 
     def queued_by_route(self, host: str, model: str) -> dict[str, int]:
         """Waiters of (host, model) per route name ("" for requests that named none)."""
@@ -456,8 +480,25 @@ class Limiter:
         if not state.in_flight and not state.waiting:
             del self._routes[state.name]
 
-    def _eligible(self, name: str) -> bool:
-        return self._routes[name].below_cap()
+    def _batch_room(self, key: Pair, slots: SlotEntry, state: RouteEntry) -> bool:
+        """Whether a batch request of `state`'s route may take one more slot of `key`: batch
+        holds at most the route's cap of them (config/limits.py `batch_cap`)."""
+        return slots.by_class[BATCH_RANK] < state.limits.batch_cap(self._limit(key))
+
+    def _age(self, slots: SlotEntry) -> None:
+        """Raise each waiter one class for every `class_aging` seconds it has waited, so no
+        class waits for ever behind a higher one. Only the order among waiters of different
+        classes can change, so a queue of one class is left as it is (raised later, when a
+        higher class joins it, a waiter takes the place its wait earned)."""
+        waiters = slots.waiters
+        if self._aging <= 0 or not waiters.mixed():
+            return
+        now = self._clock.seconds()
+        for waiter in waiters.below(INTERACTIVE_RANK):
+            risen = waiter.klass + int((now - waiter.enqueued) // self._aging)
+            rank = min(INTERACTIVE_RANK, risen)
+            if rank > waiter.rank:
+                waiters.raise_to(waiter, rank)
 
     def _limit(self, key: Pair) -> int:
         # 0 is a share this instance may not use now (cluster/instances.py): its waiters wait
@@ -478,17 +519,23 @@ class Limiter:
             work.estimate = cost(work, self._pace(*key)) if learned else 0.0
             slots.running.add(work)
 
-    def _rank(self, waiter: Waiter) -> tuple[int, int]:
-        """Where a waiter stands in the admission order, roughly: a higher priority first, then
-        arrival (the fair shares between lines and keys aside)."""
-        return -self._routes[waiter.route].limits.priority, waiter.seq
+    def _rank(self, waiter: Waiter) -> tuple[int, int, int]:
+        """Where a waiter stands in the admission order, roughly: a higher class first, then a
+        higher priority, then arrival (the fair shares between lines and keys aside)."""
+        return -waiter.rank, -self._routes[waiter.route].limits.priority, waiter.seq
 
     def _moved(self, key: Pair) -> None:
         for listener in self.on_moved:
             listener(*key)
 
     def _release(
-        self, key: Pair, slots: SlotEntry, state: RouteEntry, tracked: bool, work: Work | None
+        self,
+        key: Pair,
+        slots: SlotEntry,
+        state: RouteEntry,
+        tracked: bool,
+        work: Work | None,
+        klass: int = STANDARD_RANK,
     ) -> Release:
         started = self._clock.seconds()
         done = False
@@ -503,6 +550,7 @@ class Limiter:
                 state.tracked -= 1
             else:
                 slots.held -= 1
+                slots.by_class[klass] -= 1
                 state.held -= 1
             held_for = self._clock.seconds() - started
             if work is not None:
@@ -527,10 +575,19 @@ class Limiter:
 
     def _admit(self, key: Pair, slots: SlotEntry) -> None:
         gate = self.gate
+        if slots.waiters:
+            self._age(slots)
+
+        def eligible(name: str, klass: int) -> bool:
+            state = self._routes[name]
+            return state.below_cap() and (
+                klass != BATCH_RANK or self._batch_room(key, slots, state)
+            )
+
         while slots.in_flight < self._limit(key):
             if gate is not None and slots.waiters and not gate.admits(*key):
                 return
-            waiter = slots.waiters.take(self._eligible)
+            waiter = slots.waiters.take(eligible)
             if waiter is None:
                 return
             if gate is not None:
@@ -541,6 +598,7 @@ class Limiter:
             waiter.timer.cancel()
             slots.held += 1
             slots.admitted += 1
+            slots.by_class[waiter.klass] += 1
             state.held += 1
             slots.wait_seconds += self._clock.seconds() - waiter.enqueued
             work = waiter.work
@@ -548,7 +606,7 @@ class Limiter:
                 del self._waiting[work]
                 self._start(key, slots, work)
             # State is settled before the callback: it may re-enter (release, acquire).
-            waiter.deferred.callback(self._release(key, slots, state, False, work))
+            waiter.deferred.callback(self._release(key, slots, state, False, work, waiter.klass))
 
     def _unwait(self, state: RouteEntry, key: Pair) -> None:
         state.waiting[key] -= 1

@@ -103,6 +103,8 @@ class Waiter:
     tenant_weight: float = 1.0
     work: Work | None = None
     withdrawn: bool = False  # taken out to go elsewhere (the valve), not a client leaving
+    klass: int = 1  # its request class (config/classes.py RANK): standard unless said
+    rank: int = 1  # the class it waits at now: its own, raised by aging
 
 
 @define(eq=False)
@@ -138,6 +140,7 @@ class SlotEntry:
     timed_out: int = 0
     cancelled: int = 0
     wait_seconds: float = 0.0
+    by_class: list[int] = field(factory=lambda: [0, 0, 0])  # held slots per class rank
 
     @property
     def in_flight(self) -> int:
