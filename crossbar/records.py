@@ -50,3 +50,6 @@ class UsageRow:
     # fell back (proxy/fallback.py REASONS); "" when its own route served it.
     fallback_from: str = ""
     fallback_reason: str = ""
+    # The request class it ran at (interactive, standard, batch); "" for a request that is
+    # not inference, or was refused before its class was known.
+    request_class: str = ""

@@ -33,6 +33,8 @@ def log_request(row: UsageRow) -> None:
     queue_ms = row.queue_ms or 0.0
     error = f" error={row.error!r}" if row.error else ""
     key = f" key={printable(row.key)}" if row.key else ""  # the key's name, never its secret
+    if row.request_class and row.request_class != "standard":
+        key += f" class={row.request_class}"  # standard, the default, goes unsaid
     if row.fallback_from:
         key += f" fallback_from={printable(row.fallback_from)} fallback={row.fallback_reason}"
     # Formatted here in one f-string: twisted.logger's own formatting of a dozen fields was
@@ -61,6 +63,7 @@ def log_request(row: UsageRow) -> None:
         key=row.key,
         fallback_from=row.fallback_from,
         fallback_reason=row.fallback_reason,
+        request_class=row.request_class,
     )
 
 

@@ -22,7 +22,7 @@ METHODS = b"GET, POST, OPTIONS"
 MAX_AGE = b"7200"
 EXPOSED = (
     b"X-Crossbar-Host, X-Crossbar-Lease, X-Crossbar-Queue-Ms, X-Crossbar-Key, X-Crossbar-Fallback, "
-    b"Retry-After"
+    b"X-Crossbar-Class, Retry-After"
 )
 # Allowed when the preflight names no headers. `*` would not cover Authorization (Fetch spec),
 # so the names a preflight asks for are granted by name instead.

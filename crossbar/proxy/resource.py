@@ -27,6 +27,7 @@ from crossbar.limiter import Limiter, Release, Work
 from crossbar.proxy import cors, pace, swapping, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
+from crossbar.proxy.classes import request_class
 from crossbar.proxy.fallback import (
     HOST_REFUSED,
     NO_HOST,
@@ -262,6 +263,10 @@ class ProxyResource(Resource):
             return
         tenant = key.name if key is not None else ""
         call = self._calls.read(self._config, request, ex, target, kind, tenant)
+        if kind is Kind.INFERENCE:
+            headers = request.requestHeaders
+            ex.request_class = request_class(headers, call.inbound.body, route, key)
+            request.responseHeaders.setRawHeaders(b"X-Crossbar-Class", [ex.request_class.encode()])
         try:
             check_model_scope(key, route, call.model)
         except KeyRefused as e:

@@ -15,6 +15,7 @@ from crossbar.leases import Acquired
 from crossbar.limiter import Limiter, LimiterError, QueueFull, Release, Work
 from crossbar.proxy import pace, traced
 from crossbar.proxy.call import Call
+from crossbar.proxy.classes import rank
 from crossbar.proxy.fallback import QUEUE_FULL, WAITED, cannot_serve, may_fall_back
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception
@@ -79,12 +80,15 @@ class SlotStep:
         timer = None
         try:
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
-            pending = limiter.acquire(host, call.model, call.route.limits, tenant, work)
+            klass = rank(ex.request_class)
+            pending = limiter.acquire(
+                host, call.model, call.route.limits, tenant, work, klass=klass
+            )
             valve = self._valve
             if pending.called or judged or valve is None or not valve.eligible(call, acquired):
                 slot: Deferred[Placed] = pending.addCallback(Placed, host)
             else:
-                turn = Turn(call, host, work, prompt, warm, tenant, waited)
+                turn = Turn(call, host, work, prompt, warm, tenant, waited, klass)
                 slot = Deferred.fromCoroutine(valve.wait(turn, pending))
             after = call.route.fallback_after
             if after is not None and not slot.called and may_fall_back(call, acquired.pinned):

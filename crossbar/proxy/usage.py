@@ -206,6 +206,7 @@ class UsageRecorder:
             key=ex.key,
             fallback_from=ex.fallback_from,
             fallback_reason=ex.fallback_reason,
+            request_class=ex.request_class,
         )
 
     def _write(self, row: UsageRow) -> None:

@@ -69,6 +69,7 @@ class Turn:
     warm: int  # tokens its conversation's last turn left on the home host
     tenant: tuple[str, float] | None
     since: float  # when it began to wait
+    klass: int = 1  # its request class's rank (proxy/classes.py)
 
 
 @frozen
@@ -210,7 +211,13 @@ class Valve:
         call, work, limiter = turn.call, turn.work, self._limiter
         work.prefill = verdict.prefill
         slot = limiter.acquire(
-            verdict.host, call.model, call.route.limits, turn.tenant, work, since=turn.since
+            verdict.host,
+            call.model,
+            call.route.limits,
+            turn.tenant,
+            work,
+            since=turn.since,
+            klass=turn.klass,
         )
         if slot.called:  # a refusal comes at once; `judge` saw the queue not full
             refused: list[Failure] = []

@@ -33,5 +33,6 @@ class Exchange:
     # for, and why that one could not serve it.
     fallback_from: str = ""
     fallback_reason: str = ""
+    request_class: str = ""  # the class it ran at (proxy/classes.py); "" for no inference
     # The request's spans (tracing.RequestTrace) when tracing is on; None costs nothing.
     trace: Any = None

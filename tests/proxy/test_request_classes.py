@@ -1,0 +1,142 @@
+"""Request classes on the request path (issue 48), told on the in-memory network: where a
+request's class comes from (its header, its `service_tier`, Claude Code's own hint, its key,
+its route), how a key's `max_class` lowers it, what the answer and the usage say of it, and a
+batch flood that leaves a slot free on every host for the turn that arrives."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from twisted.logger import globalLogPublisher
+
+from crossbar.app.logs import log_request
+from tests.support.memnet import MODEL, Client, Crossbar, start
+
+TEAM, CI = "sk-team-0123456789abcdef", "sk-ci-0123456789abcdef00"
+ROUTES = {
+    "convo": {"hosts": ["titan", "atlas"], "default_model": MODEL, "auth": "keys"},
+    "bulk": {"hosts": ["titan", "atlas"], "default_model": MODEL, "class": "batch"},
+}
+KEYS = {
+    "team": {"secret": TEAM, "routes": ["convo"]},
+    "ci": {"secret": CI, "routes": ["convo"], "class": "batch", "max_class": "batch"},
+}
+ANSWER = json.dumps({"id": "c1", "choices": [], "usage": {"prompt_tokens": 5}}).encode()
+
+
+def fleet(parallel: int = 2) -> Crossbar:
+    crossbar = start(ROUTES, keys=KEYS, parallel=parallel)
+    for name in ("titan", "atlas"):
+        crossbar.net.on_request[name] = lambda host: host.answer(ANSWER)
+    return crossbar
+
+
+def ask(
+    crossbar: Crossbar,
+    secret: str | None = TEAM,
+    route: str = "convo",
+    body: dict[str, Any] | None = None,
+    path: str = "/v1/chat/completions",
+    **headers: str,
+) -> Client:
+    if secret is not None:
+        headers["Authorization"] = f"Bearer {secret}"
+    sent = body or {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    return crossbar.post(f"/r/{route}{path}", json.dumps(sent).encode(), **headers)
+
+
+def class_of(client: Client) -> str:
+    assert client.status == 200, client.received[-300:]
+    return (client.header(b"X-Crossbar-Class") or b"").decode()
+
+
+@pytest.mark.parametrize(
+    ("headers", "tier", "expected"),
+    [
+        ({}, None, "standard"),  # the route's default
+        ({"X-Crossbar-Class": "batch"}, None, "batch"),
+        ({"X-Crossbar-Class": "Interactive"}, "flex", "interactive"),  # the header first
+        ({}, "flex", "batch"),
+        ({}, "priority", "interactive"),
+        ({}, "auto", "standard"),
+        ({"x-claude-code-request-class": "main"}, None, "interactive"),
+        ({"x-claude-code-request-class": "workflow"}, None, "standard"),
+        ({"x-claude-code-request-class": "main"}, "flex", "batch"),  # the body before hints
+    ],
+)
+def test_a_request_says_its_class_by_header_service_tier_or_its_clients_hint(
+    headers, tier, expected
+):
+    crossbar = fleet()
+    body: dict[str, Any] = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+    if tier is not None:
+        body["service_tier"] = tier
+    assert class_of(ask(crossbar, body=body, **headers)) == expected
+    assert crossbar.store.usage[-1].request_class == expected
+
+
+def test_a_keys_class_is_its_requests_and_max_class_lowers_what_they_claim():
+    crossbar = fleet()
+    assert class_of(ask(crossbar, CI)) == "batch"
+    assert class_of(ask(crossbar, CI, **{"X-Crossbar-Class": "interactive"})) == "batch"
+    assert class_of(ask(crossbar, TEAM, **{"X-Crossbar-Class": "interactive"})) == "interactive"
+
+
+def test_a_routes_class_is_its_requests_when_nothing_else_says():
+    crossbar = fleet()
+    assert class_of(ask(crossbar, None, route="bulk")) == "batch"
+    assert class_of(ask(crossbar, None, route="bulk", **{"X-Crossbar-Class": "standard"})) == (
+        "standard"
+    )
+
+
+def test_a_class_that_is_no_class_is_a_400_in_the_callers_dialect_and_changes_nothing():
+    crossbar = fleet()
+    client = ask(crossbar, **{"X-Crossbar-Class": "urgent"})
+    assert client.status == 400
+    error = json.loads(client.received.split(b"\r\n\r\n", 1)[1])["error"]
+    assert "X-Crossbar-Class must be" in error["message"]
+    body = {"model": MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+    client = ask(crossbar, body=body, path="/v1/messages", **{"X-Crossbar-Class": "urgent"})
+    assert client.status == 400
+    assert json.loads(client.received.split(b"\r\n\r\n", 1)[1])["type"] == "error"
+    assert crossbar.parts.table.snapshot() == []  # no lease for what was not understood
+
+
+def test_a_batch_flood_leaves_a_slot_free_on_every_host_for_the_next_turn():
+    crossbar = fleet(parallel=3)
+    for name in ("titan", "atlas"):
+        crossbar.net.on_request[name] = lambda host: None  # every answer is still coming
+    limiter = crossbar.parts.limiter
+    for i in range(12):
+        body = {"model": MODEL, "messages": [{"role": "user", "content": f"item {i}"}]}
+        assert ask(crossbar, None, route="bulk", body=body).status is None
+    held = {h: limiter.in_flight(h, MODEL) for h in ("titan", "atlas")}
+    assert held == {"titan": 2, "atlas": 2}  # every slot but one, on each host
+    queued = limiter.queued("titan", MODEL) + limiter.queued("atlas", MODEL)
+    assert queued == 8
+    ask(crossbar, TEAM, **{"X-Crossbar-Class": "interactive"})  # a turn arrives
+    after = {h: limiter.in_flight(h, MODEL) for h in ("titan", "atlas")}
+    assert sorted(after.values()) == [2, 3]  # it took the free slot at once, queueing nowhere
+    assert limiter.queued("titan", MODEL) + limiter.queued("atlas", MODEL) == queued
+
+
+def test_the_request_line_says_a_class_other_than_standard():
+    crossbar = fleet()
+    ask(crossbar, CI)
+    ask(crossbar, TEAM)
+    seen: list[str] = []
+
+    def keep(event: dict[str, Any]) -> None:
+        if event.get("log_namespace") == "crossbar.request":
+            seen.append(event["line"])
+
+    globalLogPublisher.addObserver(keep)
+    try:
+        for row in crossbar.store.usage[-2:]:
+            log_request(row)
+    finally:
+        globalLogPublisher.removeObserver(keep)
+    assert " class=batch" in seen[0] and "class=" not in seen[1]
