@@ -411,6 +411,23 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
             labels=pair,
         ),
     }
+    by_class = {
+        "held": GaugeMetricFamily(
+            "crossbar_class_in_flight",
+            "Slots held per host, model and request class (interactive, standard, batch).",
+            labels=[*pair, "class"],
+        ),
+        "waiting": GaugeMetricFamily(
+            "crossbar_class_queued",
+            "Requests waiting for a slot per host, model and request class.",
+            labels=[*pair, "class"],
+        ),
+    }
+    gauges["batch_cap"] = GaugeMetricFamily(
+        "crossbar_batch_slots",
+        "Slots of a host and model batch requests may hold (a route's batch_slots aside).",
+        labels=pair,
+    )
     counters = {
         "refused": CounterMetricFamily(
             "crossbar_queue_refused", "Requests refused because the queue was full.", labels=pair
@@ -449,10 +466,15 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
         gauges["decode_rate"].add_metric(labels, limiter.rates.decode(host, model))
         gauges["queued_prefill"].add_metric(labels, limiter.queued_prefill(host, model))
         gauges["expected_wait"].add_metric(labels, limiter.expected_wait(host, model))
+        gauges["batch_cap"].add_metric(labels, limiter.batch_cap(host, model))
+        for name, (held, waiting) in limiter.by_class(host, model).items():
+            by_class["held"].add_metric([*labels, name], held)
+            by_class["waiting"].add_metric([*labels, name], waiting)
         state = counted.get((host, model))
         for name, family in counters.items():
             family.add_metric(labels, getattr(state, name) if state else 0)
     yield from gauges.values()
+    yield from by_class.values()
     yield from counters.values()
 
 

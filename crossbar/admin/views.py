@@ -132,6 +132,11 @@ def host_rows(
             model["in_flight"] = limiter.in_flight(name, m)
             model["queued"] = limiter.queued(name, m)
             model["queued_by_route"] = limiter.queued_by_route(name, m)
+            model["classes"] = {
+                c: {"in_flight": held, "queued": waiting}
+                for c, (held, waiting) in limiter.by_class(name, m).items()
+            }
+            model["batch_slots"] = limiter.batch_cap(name, m)
             model["free"] = limiter.free_slots(name, m)
             model["share"] = limiter.parallel(name, m)
             model["leases"] = table.count(name, m)
