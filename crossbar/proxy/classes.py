@@ -56,6 +56,9 @@ def request_class(headers: RawHeaders, body: Any, route: Route, key: ClientKey |
     return found if limits is None else lowered(found, limits.max_class)
 
 
+BATCH_RANK = RANK["batch"]
+
+
 def rank(name: str) -> int:
     """A class's rank in the limiter (batch 0, standard 1, interactive 2)."""
     return RANK.get(name, RANK["standard"])

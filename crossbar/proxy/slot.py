@@ -15,7 +15,7 @@ from crossbar.leases import Acquired
 from crossbar.limiter import Limiter, LimiterError, QueueFull, Release, Work
 from crossbar.proxy import pace, traced
 from crossbar.proxy.call import Call
-from crossbar.proxy.classes import rank
+from crossbar.proxy.classes import BATCH_RANK, rank
 from crossbar.proxy.fallback import QUEUE_FULL, WAITED, cannot_serve, may_fall_back
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception
@@ -85,7 +85,15 @@ class SlotStep:
                 host, call.model, call.route.limits, tenant, work, klass=klass
             )
             valve = self._valve
-            if pending.called or judged or valve is None or not valve.eligible(call, acquired):
+            # A batch request waits at home: no bulk item ever moves a conversation's lease.
+            batch = klass == BATCH_RANK
+            if (
+                pending.called
+                or judged
+                or batch
+                or valve is None
+                or not valve.eligible(call, acquired)
+            ):
                 slot: Deferred[Placed] = pending.addCallback(Placed, host)
             else:
                 turn = Turn(call, host, work, prompt, warm, tenant, waited, klass)

@@ -115,6 +115,21 @@ def test_a_turn_facing_a_wait_longer_than_its_prefill_elsewhere_moves_then_stays
     assert 'crossbar_lease_moves_total{reason="busy"} 1.0' in metrics
 
 
+def test_a_batch_turn_waits_for_its_home_host_and_never_moves_its_lease():
+    # The same turns as above, b's marked batch (OpenAI's flex tier): bulk work has no
+    # person waiting, so it never moves a conversation off its warm host.
+    crossbar = fleet()
+    a, _, b, _ = spread(crossbar)
+    first = a.send()
+    b.messages.append({"role": "user", "content": "Next step."})
+    body = {"model": MODEL, "messages": b.messages, "service_tier": "flex"}
+    second = crossbar.post(CHAT_PATH, json.dumps(body).encode())
+    until(crossbar.net, first, second)
+    assert second.header(b"X-Crossbar-Class") == b"batch"
+    assert b.took(second) == ("titan", "reused")
+    assert busy_moves(crossbar) == []
+
+
 def test_a_long_conversation_waits_for_its_warm_host():
     crossbar = fleet()
     a, _, b, _ = spread(crossbar, words=1500)  # re-prefilling b elsewhere: about 3 s
