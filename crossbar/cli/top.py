@@ -106,8 +106,18 @@ def _hosts(hosts: list[dict[str, Any]]) -> str:
                                   "leases": 0, "state": None}]:  # fmt: skip
             slots = f"{m['in_flight']}/{m['parallel']}"
             rows.append([h["name"], health, m["name"], m.get("state") or "-", slots,
-                         m["queued"], m["leases"]])  # fmt: skip
-    return table(["HOST", "HEALTH", "MODEL", "STATE", "SLOTS", "QUEUED", "LEASES"], rows)
+                         m["queued"], _classes(m.get("classes")), m["leases"]])  # fmt: skip
+    return table(["HOST", "HEALTH", "MODEL", "STATE", "SLOTS", "QUEUED", "I/S/B", "LEASES"], rows)
+
+
+def _classes(classes: dict[str, dict[str, int]] | None) -> str:
+    """Slots held per class, interactive/standard/batch, and waiters after a `+` where any."""
+    if not classes:
+        return "-"
+    order = ("interactive", "standard", "batch")
+    held = "/".join(str(classes[c]["in_flight"]) for c in order)
+    waiting = [classes[c]["queued"] for c in order]
+    return held + (f" +{'/'.join(map(str, waiting))}" if any(waiting) else "")
 
 
 def _routes(usage: list[dict[str, Any]], window: float) -> str:

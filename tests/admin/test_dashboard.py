@@ -51,10 +51,11 @@ async def test_the_dashboard_shows_hosts_leases_events_usage_and_a_chart(crossba
     assert ">warm cache<" in hosts and " / ? tok, 0 evicted<" in hosts  # its cache truth
     # The pace columns: nothing waits, so 0 tokens queued and no wait; the rates titan's
     # answers taught (atlas, which served nothing, shows titan's, marked "~" as a guess).
-    for head in ("queued prefill tokens", "expected wait", "prefill / decode tok/s"):
+    for head in ("queued prefill tokens", "expected wait", "prefill / decode tok/s", "by class"):
         assert f">{head}<" in hosts, head
     titan = re.search(r'<tr data-host="titan".*?</tr>', hosts, re.S).group(0)
     assert ">0.00 s<" in titan and 'title="rates: learned"' in titan
+    assert 'title="batch may hold 1 of its slots">idle<' in titan  # 2 slots: all but one
     atlas = re.search(r'<tr data-host="atlas".*?</tr>', hosts, re.S).group(0)
     assert 'title="rates: model"' in atlas and ">~" in atlas
     leases = element(dom, "leases")

@@ -134,8 +134,11 @@ async def test_top_shows_slots_traffic_and_moves_refreshes_and_quits_on_q(tmp_pa
         await running.chat("convo", conversation("a"))  # titan's conversation moves to atlas
         terminal = Terminal(running.admin_url)
         screen = await wait(deferToThread(terminal.until, lambda s: "-> atlas" in s), 90)
-        assert row(screen, "titan")[:7] == ["titan", "healthy", MODEL, "-", "0/2", "0", "0"]
-        assert row(screen, "atlas")[:7] == ["atlas", "healthy", MODEL, "-", "0/2", "0", "2"]
+        # Slots, queued, held per class (interactive/standard/batch), leases.
+        assert row(screen, "titan")[:8] == ["titan", "healthy", MODEL, "-", "0/2", "0", "0/0/0",
+                                            "0"]  # fmt: skip
+        assert row(screen, "atlas")[:8] == ["atlas", "healthy", MODEL, "-", "0/2", "0", "0/0/0",
+                                            "2"]  # fmt: skip
         convo = row(screen, "convo")
         assert convo[2:4] == ["5", "0"]  # requests, errors in the window
         assert float(convo[1]) > 0 and float(convo[4].rstrip("%")) > 0  # req/s, cache hits

@@ -94,15 +94,26 @@ function renderHosts(hosts) {
         td(m.name), td(loaded(h.router, m)), td(slots(m), "num"), td(m.queued, "num"),
         td(waiting(m.queued_by_route), "waiting"), td(num(m.queued_prefill_tokens), "num"),
         td(expectedWait(m.expected_wait_seconds), "num"), td(rates(m), "num"),
-        td(m.leases, "num"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
+        td(m.leases, "num"), td(byClass(m), "classes"), td(m.ctx === null ? "?" : num(m.ctx), "num"),
         td(i ? "" : warm(h.cache), "num"),
         td(i ? "" : (h.pinned_routes.join(", ") || "–")),
         td(i ? "" : (h.reason || ""), "muted"), td(i ? "" : drain), td(i ? "" : evacuate(h))));
     });
   }
   fill("hosts", ["host", "health", "draining", "models loaded", "model", "state", "slots in use", "queue", "waiting (by route)",
-                 "queued prefill tokens", "expected wait", "prefill / decode tok/s", "leases", "ctx",
+                 "queued prefill tokens", "expected wait", "prefill / decode tok/s", "leases",
+                 "by class", "ctx",
                  "warm cache", "pinned routes", "reason", "", ""], rows, "no hosts configured");
+}
+
+// Slots held (and waiters, "+N") per request class where any are, and the slots batch may hold.
+function byClass(m) {
+  if (!m.classes) return "–";
+  const busy = ["interactive", "standard", "batch"]
+    .filter((c) => m.classes[c].in_flight || m.classes[c].queued)
+    .map((c) => `${c} ${m.classes[c].in_flight}` + (m.classes[c].queued ? ` +${m.classes[c].queued}` : ""));
+  return el("span", { title: `batch may hold ${m.batch_slots} of its slots` },
+    busy.length ? busy.join(" · ") : "idle");
 }
 
 // A router-mode host's places: the models running of how many it holds at once ("–" for a host
