@@ -22,15 +22,27 @@ idle connections after some seconds is learned too, from its `Keep-Alive: timeou
 llama-server's cpp-httplib sends: 5 s) or from a close seen, and a connection idle for most of
 that time is closed rather than raced. One idle for `keep_idle`
 seconds closes.
+
+A kept connection with bytes (or its end) waiting in its socket, unread yet, when it is taken
+is retired, not used. Bytes a host sends with no request outstanding, or after an answer in the
+same read, are an unsolicited answer: counted against the host, logged (once a minute at most),
+and the host is distrusted for `DISTRUST` seconds after its latest one: its connections are not
+kept (each request to it opens one, asks `Connection: close` and closes it after the answer), so
+no later stale answer of it can be read as another request's. What HTTP/1.1 cannot tell apart
+(docs/reference.md, "The request path"): a stale answer that arrives after the next request was
+written on its connection is that request's answer as far as the bytes say; the rest, the peek
+and the distrust narrow that window, and close it after the first one seen.
 """
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import httptools
+from attrs import frozen
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.protocol import Factory, Protocol, connectionDone
@@ -54,6 +66,12 @@ _RESTING_SHARE = 4
 # A connection is reused while it has been idle for less than this share of the idle time
 # after which its host was seen to close one.
 _IDLE_MARGIN = 0.75
+# A host that sent an unsolicited answer has no connection kept this long after its latest one.
+DISTRUST = 600.0
+# More unsolicited answers of a distrusted host are logged together, once in this long at most.
+_LOG_EVERY = 60.0
+# A peek that neither blocks nor takes the bytes (MSG_DONTWAIT where the system has it).
+_PEEK = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
 log = Logger(namespace="crossbar.upstream")
 
 
@@ -68,12 +86,31 @@ class HostConnection(Protocol):
         self.kept = False  # it has been kept for another request at least once
         self.after_chunked = False  # its last answer was chunked
         self.expiry: IDelayedCall | None = None
+        self.socket: socket.socket | None = None  # a plain TCP connection's, for `waiting`
         self._answer: Deferred[HostResponse] | None = None
         self.reading: Reading | None = None  # the answer it reads now
         self._received = False  # a byte of the answer came
         self._early = False  # the answer began before the request had all been sent
         self._ended: tuple[Reading, bool] | None = None  # an answer that ended in this read
         self._paused = False
+
+    def connectionMade(self) -> None:
+        handle = getattr(self.transport, "getHandle", None)
+        handle = handle() if handle is not None else None
+        # TLS's handle is its OpenSSL connection, whose bytes are records, not answers.
+        self.socket = handle if isinstance(handle, socket.socket) else None
+
+    def waiting(self) -> bytes | None:
+        """What waits in the socket, unread by the reactor yet: a byte, b"" for the host's
+        close, or None for nothing (or no socket to look in: TLS, a test's transport)."""
+        if self.socket is None:
+            return None
+        try:
+            return self.socket.recv(1, _PEEK)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""  # reset: as good as closed
 
     # -- one request
 
@@ -98,10 +135,13 @@ class HostConnection(Protocol):
         self.abort()
 
     def dataReceived(self, data: bytes) -> None:
+        if self.lost:
+            return  # crossbar gave up on it (the client left): whatever comes is dropped
         reading = self.reading
         if reading is None or reading.done:
             # Bytes nobody asked for (a stale second answer): the connection cannot be
-            # trusted with another request.
+            # trusted with another request, nor its host for a while.
+            self.unsolicited()
             self.abort()
             return
         self._received = True
@@ -114,7 +154,10 @@ class HostConnection(Protocol):
             failure = reading.failure or NotHTTP(reading.unreadable(e))
         ended, self._ended = self._ended, None
         if ended is not None:
-            # The answer is whole; bytes after it (the failure) only cost its connection.
+            # The answer is whole; bytes after it (the failure) cost its connection, and they
+            # are an answer nobody asked for.
+            if failure is not None:
+                self.unsolicited()
             self._free(ended[0], keep=ended[1] and failure is None)
             failure = None
         reading.pass_on()
@@ -209,6 +252,11 @@ class HostConnection(Protocol):
         elif reading.response is not None:
             reading.response.end(Failure(ResponseFailed([Failure(error)])))
 
+    def unsolicited(self) -> None:
+        """The host sent bytes no request of this connection asked for."""
+        if self.pool is not None:
+            self.pool.unsolicited(self)
+
     def pause(self) -> None:
         if not self._paused and not self.lost:
             self._paused = True
@@ -242,12 +290,18 @@ class _Origin:
 
     __slots__ = (
         "closes_after_chunked",
+        "distrust_timer",
+        "distrust_until",
+        "distrusted",
         "host",
         "idle",
         "idle_close",
         "keeps_after_chunked",
         "key",
+        "logged_at",
         "sparing",
+        "unlogged",
+        "unsolicited",
         "uri",
     )
 
@@ -260,6 +314,20 @@ class _Origin:
         self.keeps_after_chunked = False  # learned: one outlived its probation
         self.idle_close = 0.0  # learned: the host closed a connection idle this long
         self.sparing = False  # a spare connection is being opened
+        self.unsolicited = 0  # answers it sent that nobody asked for
+        self.distrusted = False  # one came in the last DISTRUST seconds: nothing kept
+        self.distrust_until = 0.0
+        self.distrust_timer: IDelayedCall | None = None
+        self.logged_at = 0.0  # when its unsolicited answers were last logged
+        self.unlogged = 0  # ... and how many came since
+
+
+@frozen
+class PoolCounts:
+    """What the pool knows of one host's connections, for the metrics."""
+
+    unsolicited: int = 0  # answers the host sent that nobody asked for
+    distrusted: bool = False  # its connections are not kept now (see the module doc)
 
 
 class HostPool:
@@ -292,6 +360,20 @@ class HostPool:
             origin = self._origins[base] = _Origin(base)
         return origin, target
 
+    def counts(self, url: str) -> PoolCounts:
+        """What the pool knows of the connections to the host at `url` (nothing yet: zeros)."""
+        origin = self._origins.get(self.origin_key(url.encode()))
+        if origin is None:
+            return PoolCounts()
+        return PoolCounts(origin.unsolicited, origin.distrusted)
+
+    @staticmethod
+    def origin_key(url: bytes) -> bytes:
+        """`url`'s scheme, host and port: what its connections are kept by."""
+        start = url.find(b"//") + 2
+        cut = url.find(b"/", start)
+        return url if cut < 0 else url[:cut]
+
     def take(self, origin: _Origin) -> HostConnection | None:
         """A kept connection to `origin` that has rested (see the module doc), the one used
         last (warmest) among them, or None. One idle for most of the time after which its
@@ -314,6 +396,18 @@ class HostPool:
             elif rested < QUIET:
                 continue
             del idle[i]
+            waiting = connection.waiting()
+            if waiting is not None:
+                # Come since the reactor last read: a stale answer (or the host's close) that
+                # the next request would read as its own.
+                if waiting:
+                    connection.unsolicited()  # distrusts its host: the others close too
+                else:
+                    self.closed_unasked(connection)
+                connection.abort()
+                if origin.distrusted:
+                    return None
+                continue
             return connection
         return None
 
@@ -331,7 +425,9 @@ class HostPool:
     def spare(self, origin: _Origin) -> None:
         """Open a connection to `origin` ahead of need, unless one is idle or on its way."""
         now = self._clock.seconds()
-        if origin.sparing or any(not c.lost and now - c.idle_since >= QUIET for c in origin.idle):
+        if origin.sparing or origin.distrusted:
+            return  # (a distrusted host's connections are not kept: a spare would be closed)
+        if any(not c.lost and now - c.idle_since >= QUIET for c in origin.idle):
             return
         origin.sparing = True
 
@@ -376,6 +472,9 @@ class HostPool:
         if origin is None:
             connection.abort()
             return
+        if origin.distrusted:
+            connection.abort()  # its host sent an answer nobody asked for: see the module doc
+            return
         idle, now = origin.idle, self._clock.seconds()
         cap = self.per_host
         # `idle` is in the order of release (a connection leaves it from anywhere, but joins
@@ -413,9 +512,66 @@ class HostPool:
             connection.expiry.cancel()
         connection.expiry = None
 
+    def unsolicited(self, connection: HostConnection) -> None:
+        """`connection`'s host sent an answer nobody asked for: counted, logged (the first at
+        once, the next ones once a `_LOG_EVERY` at most), and the host distrusted until
+        `DISTRUST` seconds after its latest one (its kept connections close now)."""
+        origin = connection.origin
+        if origin is None:
+            return
+        now = self._clock.seconds()
+        origin.unsolicited += 1
+        origin.distrust_until = now + DISTRUST
+        host = origin.host.decode("ascii", "replace")
+        if not origin.distrusted:
+            origin.distrusted = True
+            origin.logged_at, origin.unlogged = now, 0
+            log.warn(
+                "host {host} sent an answer nobody asked for on a kept connection: its "
+                "connections are not kept (a new one per request, closed after its answer) "
+                "until it sends none for {minutes:g} minutes",
+                host=host,
+                minutes=DISTRUST / 60,
+            )
+            for kept in list(origin.idle):
+                kept.abort()  # they may hold stale answers of their own, not arrived yet
+            origin.distrust_timer = self._clock.callLater(DISTRUST, self._trust_again, origin)
+        elif now - origin.logged_at >= _LOG_EVERY:
+            log.warn(
+                "host {host} sent {count} more answers nobody asked for ({total} in all)",
+                host=host,
+                count=origin.unlogged + 1,
+                total=origin.unsolicited,
+            )
+            origin.logged_at, origin.unlogged = now, 0
+        else:
+            origin.unlogged += 1
+
+    def _trust_again(self, origin: _Origin) -> None:
+        # One timer per distrusted host, moved on lazily: each unsolicited answer moves only
+        # `distrust_until`.
+        left = origin.distrust_until - self._clock.seconds()
+        if left > 0:
+            origin.distrust_timer = self._clock.callLater(left, self._trust_again, origin)
+            return
+        origin.distrust_timer = None
+        origin.distrusted = False
+        log.info(
+            "host {host} sent no answer nobody asked for in {minutes:g} minutes ({unlogged} "
+            "more since the last line, {total} in all): its connections are kept again",
+            host=origin.host.decode("ascii", "replace"),
+            minutes=DISTRUST / 60,
+            unlogged=origin.unlogged,
+            total=origin.unsolicited,
+        )
+        origin.unlogged = 0
+
     def close(self) -> None:
         """Close every kept connection."""
         for origin in self._origins.values():
+            if origin.distrust_timer is not None and origin.distrust_timer.active():
+                origin.distrust_timer.cancel()
+            origin.distrust_timer = None
             idle, origin.idle = origin.idle, []
             for connection in idle:
                 connection.abort()
@@ -441,11 +597,15 @@ def request_head(
     host: bytes,
     headers: list[tuple[bytes, bytes]],
     body: bytes | None,
+    close: bool = False,
 ) -> bytes:
-    """The bytes of a request's head."""
+    """The bytes of a request's head (`close`: asking the host to close the connection after
+    its answer)."""
     lines = [method, b" ", target, b" HTTP/1.1\r\nHost: ", host, b"\r\n"]
     for name, value in headers:
         lines += (name, b": ", value, b"\r\n")
+    if close:
+        lines.append(b"Connection: close\r\n")
     if body is not None:
         lines.append(b"Content-Length: %d\r\n" % len(body))
     lines.append(b"\r\n")

@@ -31,7 +31,7 @@ from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.wire.answer import HostClosed, HostResponse, NotHTTP, read_body
 from crossbar.wire.dialects import Dialect
 from crossbar.wire.endpoints import HostEndpoints, authorization
-from crossbar.wire.pool import HostConnection, HostPool, request_head
+from crossbar.wire.pool import HostConnection, HostPool, PoolCounts, request_head
 from crossbar.wire.reported import count
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
@@ -294,7 +294,10 @@ class Upstream:
     ) -> Deferred[HostResponse]:
         pool = self._pool
         origin, target = pool.origin(out.url)
-        head = request_head(out.method, target, origin.host, out.headers, out.body)
+        # A distrusted host's connection closes after its answer: it says so too.
+        head = request_head(
+            out.method, target, origin.host, out.headers, out.body, origin.distrusted
+        )
         connection = None if fresh else pool.take(origin)
         request = (head, out.body, out.method == b"HEAD", on_done)
         return _Attempt(self, origin, connection, request).done
@@ -337,6 +340,10 @@ class Upstream:
             return count(data["input_tokens"])  # none past wire/reported.py's bound
         tokens = data.get("tokens")
         return len(tokens) if isinstance(tokens, list) else None
+
+    def counts(self, url: str) -> PoolCounts:
+        """What the pool knows of the connections to the host at `url` (the metrics')."""
+        return self._pool.counts(url)
 
     async def close(self) -> None:
         """Close every pooled connection."""
