@@ -604,11 +604,24 @@ def _upstream(config: Config, upstream: Upstream) -> Iterator[Metric]:
         "10 minutes, else 0.",
         labels=host,
     )
+    connections = GaugeMetricFamily(
+        "crossbar_upstream_connections",
+        "Connections to a host open or opening (idle, busy, connecting), at most "
+        "server.upstream_max_connections.",
+        labels=host,
+    )
+    waiting = GaugeMetricFamily(
+        "crossbar_upstream_waiting",
+        "Requests waiting for a connection to a host to come free (at its bound).",
+        labels=host,
+    )
     for name, host_config in config.hosts.items():
         counts = upstream.counts(host_config.url)
         unsolicited.add_metric([name], counts.unsolicited)
         distrusted.add_metric([name], 1 if counts.distrusted else 0)
-    yield from (unsolicited, distrusted)
+        connections.add_metric([name], counts.open)
+        waiting.add_metric([name], counts.waiting)
+    yield from (unsolicited, distrusted, connections, waiting)
 
 
 def _refused_reports(m: Metrics) -> Iterator[Metric]:

@@ -142,7 +142,14 @@ async def build_parts(
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)
-    upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
+    upstream = Upstream(
+        reactor,
+        s.upstream_connect_timeout,
+        s.upstream_idle_timeout,
+        endpoints,
+        max_connections=s.upstream_max_connections,
+        connect_wait=s.upstream_connect_queue_timeout,
+    )
     metrics = Metrics(
         config, table, hosts, limiter, guard, usage, instances, warmth, tenants, upstream
     )

@@ -32,11 +32,19 @@ no later stale answer of it can be read as another request's. What HTTP/1.1 cann
 (docs/reference.md, "The request path"): a stale answer that arrives after the next request was
 written on its connection is that request's answer as far as the bytes say; the rest, the peek
 and the distrust narrow that window, and close it after the first one seen.
+
+At most `max_connections` connections to one host are open or opening at once (idle, busy and
+connecting all count: a thousand slotless requests to a one-slot host must not take a thousand
+descriptors). A request that would open one more waits, first come first served, for one to
+come free: a kept connection once it has rested, or room left by one that closed (a fresh
+request, the retry, takes only room, and an idle connection closes to make it). One that waits
+`connect_wait` fails with `ConnectionsBusy`; one whose caller cancels leaves the queue.
 """
 
 from __future__ import annotations
 
 import socket
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -72,6 +80,8 @@ DISTRUST = 600.0
 _LOG_EVERY = 60.0
 # A peek that neither blocks nor takes the bytes (MSG_DONTWAIT where the system has it).
 _PEEK = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
+# The soonest requests waiting for a connection are woken again for one still resting.
+_WAKE_MIN = 0.001
 log = Logger(namespace="crossbar.upstream")
 
 
@@ -86,6 +96,7 @@ class HostConnection(Protocol):
         self.kept = False  # it has been kept for another request at least once
         self.after_chunked = False  # its last answer was chunked
         self.expiry: IDelayedCall | None = None
+        self.counted = False  # one of its host's `open` connections (made by `HostPool._open`)
         self.socket: socket.socket | None = None  # a plain TCP connection's, for `waiting`
         self._answer: Deferred[HostResponse] | None = None
         self.reading: Reading | None = None  # the answer it reads now
@@ -219,11 +230,15 @@ class HostConnection(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         by_host = not self.lost  # not aborted by crossbar first
         self.lost = True
-        if self.pool is not None:
-            self.pool.forget(self)
+        pool = self.pool
+        if pool is not None:
+            counted = self.counted
+            pool.forget(self)
             unanswered = self.reading is None or (self._answer is not None and not self._received)
             if by_host and unanswered:
-                self.pool.closed_unasked(self)
+                pool.closed_unasked(self)
+            if counted and self.origin is not None and self.origin.waiters:
+                pool.serve(self.origin)  # its room goes to the first request waiting
         answer, self._answer = self._answer, None
         if answer is not None:
             answer.errback(HostClosed(self._received, reason))
@@ -275,9 +290,12 @@ class HostConnection(Protocol):
     def abort(self) -> None:
         if not self.lost and self.transport is not None:
             self.lost = True  # never handed out again, whatever comes before the close
-            if self.pool is not None:
-                self.pool.forget(self)
+            pool, counted = self.pool, self.counted
+            if pool is not None:
+                pool.forget(self)
             self.transport.abortConnection()  # type: ignore[attr-defined]
+            if pool is not None and counted and self.origin is not None and self.origin.waiters:
+                pool.serve(self.origin)  # its room goes to the first request waiting
 
 
 class _Factory(Factory):
@@ -299,10 +317,14 @@ class _Origin:
         "keeps_after_chunked",
         "key",
         "logged_at",
+        "open",
+        "serving",
         "sparing",
         "unlogged",
         "unsolicited",
         "uri",
+        "waiters",
+        "wake",
     )
 
     def __init__(self, origin: bytes) -> None:
@@ -320,6 +342,42 @@ class _Origin:
         self.distrust_timer: IDelayedCall | None = None
         self.logged_at = 0.0  # when its unsolicited answers were last logged
         self.unlogged = 0  # ... and how many came since
+        self.open = 0  # connections open or opening: idle, busy, connecting
+        self.waiters: deque[_Waiter] = deque()  # requests waiting for one (at the bound)
+        self.wake: IDelayedCall | None = None  # when a resting one will have rested, for them
+        self.serving = False  # `HostPool.serve` runs for it: no second one inside it
+
+
+class ConnectionsBusy(Exception):
+    """No connection to the host came free within the wait: `limit` are open already."""
+
+    def __init__(self, limit: int, waited: float) -> None:
+        super().__init__(f"{limit} connections to the host open, none free within {waited:g} s")
+        self.limit = limit
+        self.waited = waited
+
+
+class _Waiter:
+    """A request waiting for a connection to its host: `done` fires with it (or fails)."""
+
+    __slots__ = ("done", "fresh", "on_open", "opening", "timer")
+
+    def __init__(self, fresh: bool, on_open: Callable[[], None] | None) -> None:
+        self.fresh = fresh  # takes only room for a new connection, never a kept one
+        self.on_open = on_open
+        self.done: Deferred[HostConnection] = Deferred()
+        self.timer: IDelayedCall | None = None
+        self.opening: Deferred[HostConnection] | None = None  # its new connection, once it may
+
+    def give(self, connection: HostConnection) -> None:
+        if self.done.called:  # its caller left as it connected
+            connection.abort()
+        else:
+            self.done.callback(connection)
+
+    def fail(self, failure: Failure) -> None:
+        if not self.done.called:
+            self.done.errback(failure)
 
 
 @frozen
@@ -328,6 +386,8 @@ class PoolCounts:
 
     unsolicited: int = 0  # answers the host sent that nobody asked for
     distrusted: bool = False  # its connections are not kept now (see the module doc)
+    open: int = 0  # connections open or opening
+    waiting: int = 0  # requests waiting for one to come free
 
 
 class HostPool:
@@ -339,11 +399,15 @@ class HostPool:
         endpoints: IAgentEndpointFactory,
         per_host: int = 64,
         keep_idle: float = 240.0,
+        max_connections: int = 256,
+        connect_wait: float = 10.0,
     ) -> None:
         self._clock = clock
         self.endpoints = endpoints
         self.per_host = per_host
         self.keep_idle = keep_idle
+        self.max_connections = max_connections
+        self.connect_wait = connect_wait
         self._factory = _Factory()
         self._origins: dict[bytes, _Origin] = {}
         self.connects = 0  # connections opened
@@ -365,7 +429,7 @@ class HostPool:
         origin = self._origins.get(self.origin_key(url.encode()))
         if origin is None:
             return PoolCounts()
-        return PoolCounts(origin.unsolicited, origin.distrusted)
+        return PoolCounts(origin.unsolicited, origin.distrusted, origin.open, len(origin.waiters))
 
     @staticmethod
     def origin_key(url: bytes) -> bytes:
@@ -376,8 +440,14 @@ class HostPool:
 
     def take(self, origin: _Origin) -> HostConnection | None:
         """A kept connection to `origin` that has rested (see the module doc), the one used
-        last (warmest) among them, or None. One idle for most of the time after which its
-        host closes idle connections is closed instead of raced."""
+        last (warmest) among them, or None (and None while requests wait for one: they come
+        first). One idle for most of the time after which its host closes idle connections is
+        closed instead of raced."""
+        if origin.waiters:
+            return None
+        return self._take(origin)
+
+    def _take(self, origin: _Origin) -> HostConnection | None:
         idle = origin.idle
         now = self._clock.seconds()
         stale = origin.idle_close * _IDLE_MARGIN if origin.idle_close else None
@@ -411,22 +481,133 @@ class HostPool:
             return connection
         return None
 
-    def connect(self, origin: _Origin) -> Deferred[HostConnection]:
-        """A new connection to `origin`."""
+    def connect(
+        self,
+        origin: _Origin,
+        fresh: bool = False,
+        on_open: Callable[[], None] | None = None,
+    ) -> Deferred[HostConnection]:
+        """A new connection to `origin`; at `max_connections`, the first to come free (kept
+        and rested, unless `fresh`; else a new one in the room one leaves), waited for at most
+        `connect_wait` (then `ConnectionsBusy`). `on_open` is called as a new connection
+        begins to be made (its connect timeout runs from then)."""
+        if origin.open < self.max_connections and not origin.waiters:
+            if on_open is not None:
+                on_open()
+            return self._open(origin)
+        waiter = _Waiter(fresh, on_open)
+        waiter.done = Deferred(lambda _: self._leave(origin, waiter))
+        waiter.timer = self._clock.callLater(self.connect_wait, self._give_up, origin, waiter)
+        origin.waiters.append(waiter)
+        self.serve(origin)  # a fresh one may close an idle connection for its room
+        return waiter.done
+
+    def _open(self, origin: _Origin) -> Deferred[HostConnection]:
         self.connects += 1
+        origin.open += 1
         endpoint = self.endpoints.endpointForURI(origin.uri)
 
         def made(connection: HostConnection) -> HostConnection:
             connection.pool, connection.origin = self, origin
+            connection.counted = True
             return connection
 
-        return endpoint.connect(self._factory).addCallback(made)
+        def failed(failure: Failure) -> Failure:
+            origin.open -= 1
+            self.serve(origin)
+            return failure
+
+        return endpoint.connect(self._factory).addCallbacks(made, failed)
+
+    def serve(self, origin: _Origin) -> None:
+        """Hand what came free to `origin`'s waiters, first come first served: a kept
+        connection that has rested (never to a fresh waiter), else room for a new one (an idle
+        connection closes to make it for a fresh waiter, when idle ones fill it). When the
+        first waiter can have nothing yet, it is served again once a resting connection will
+        have rested (or when one closes or is released)."""
+        waiters = origin.waiters
+        if origin.serving or not waiters:
+            return
+        origin.serving = True
+        try:
+            while waiters:
+                waiter = waiters[0]
+                connection = None if waiter.fresh else self._take(origin)
+                if connection is None and origin.open >= self.max_connections:
+                    idle = [c for c in origin.idle if not c.lost]
+                    if not (waiter.fresh and idle):
+                        break
+                    idle[0].abort()  # the coldest; it leaves `idle`, and its room
+                    continue
+                waiters.popleft()
+                if waiter.timer is not None and waiter.timer.active():
+                    waiter.timer.cancel()
+                if connection is not None:
+                    waiter.give(connection)
+                else:
+                    if waiter.on_open is not None:
+                        waiter.on_open()
+                    waiter.opening = self._open(origin)
+                    waiter.opening.addCallbacks(waiter.give, waiter.fail)
+        finally:
+            origin.serving = False
+        if waiters:
+            self._wake_when_rested(origin)
+
+    def _wake_when_rested(self, origin: _Origin) -> None:
+        """Serve `origin`'s waiters again when its first resting connection will have rested."""
+        probation = not origin.keeps_after_chunked
+        rested = [
+            c.idle_since + (PROBATION if c.after_chunked and probation else QUIET)
+            for c in origin.idle
+            if not c.lost
+        ]
+        if not rested:
+            return  # they wait for a release or a close
+        # At least a millisecond: `take` judges the rest by a subtraction, which may find a
+        # hair short of it what this sum finds due (a timer at once would fire forever).
+        delay = max(_WAKE_MIN, min(rested) - self._clock.seconds())
+        wake = origin.wake
+        if wake is not None and wake.active():
+            if wake.getTime() <= self._clock.seconds() + delay:
+                return
+            wake.cancel()
+        origin.wake = self._clock.callLater(delay, self._woken, origin)
+
+    def _woken(self, origin: _Origin) -> None:
+        origin.wake = None
+        self.serve(origin)
+
+    def _leave(self, origin: _Origin, waiter: _Waiter) -> None:
+        """The waiter's caller cancelled: it leaves the queue, or stops its connect."""
+        if waiter.timer is not None and waiter.timer.active():
+            waiter.timer.cancel()
+        if waiter in origin.waiters:
+            origin.waiters.remove(waiter)
+        elif waiter.opening is not None:
+            waiter.opening.cancel()
+
+    def _give_up(self, origin: _Origin, waiter: _Waiter) -> None:
+        if waiter in origin.waiters:
+            origin.waiters.remove(waiter)
+        waiter.fail(Failure(ConnectionsBusy(self.max_connections, self.connect_wait)))
+
+    def reconfigure(self, max_connections: int, connect_wait: float) -> None:
+        """A new bound and wait: a larger bound serves the waiters it has room for at once;
+        a smaller one closes nothing (connections close as they are done with)."""
+        self.connect_wait = connect_wait
+        if max_connections != self.max_connections:
+            self.max_connections = max_connections
+            for origin in list(self._origins.values()):
+                self.serve(origin)
 
     def spare(self, origin: _Origin) -> None:
         """Open a connection to `origin` ahead of need, unless one is idle or on its way."""
         now = self._clock.seconds()
         if origin.sparing or origin.distrusted:
             return  # (a distrusted host's connections are not kept: a spare would be closed)
+        if origin.open >= self.max_connections or origin.waiters:
+            return  # at the bound: the request that needs one waits its turn
         if any(not c.lost and now - c.idle_since >= QUIET for c in origin.idle):
             return
         origin.sparing = True
@@ -438,7 +619,7 @@ class HostPool:
         def failed(_: Failure) -> None:
             origin.sparing = False  # the request that needs it will connect and say why
 
-        self.connect(origin).addCallbacks(ready, failed)
+        self._open(origin).addCallbacks(ready, failed)
 
     def closed_unasked(self, connection: HostConnection) -> None:
         """The host closed `connection` with nothing asked of it or answered on it since its
@@ -467,7 +648,8 @@ class HostPool:
         `per_host` bounds the rested connections kept: those resting (`QUIET`) cannot carry a
         request yet, so a busy host (more requests in a `QUIET` than `per_host`) keeps them
         too, up to `_RESTING_SHARE` times more, rather than close each and connect anew for
-        the next request."""
+        the next request. While requests wait for a connection (at `max_connections`), it is
+        kept whatever `per_host` says: it goes to the first of them once it has rested."""
         origin = connection.origin
         if origin is None:
             connection.abort()
@@ -479,8 +661,10 @@ class HostPool:
         cap = self.per_host
         # `idle` is in the order of release (a connection leaves it from anywhere, but joins
         # only at its end): the rested ones come first.
-        if len(idle) >= cap and (
-            len(idle) >= cap * _RESTING_SHARE or now - idle[cap - 1].idle_since >= QUIET
+        if (
+            len(idle) >= cap
+            and not origin.waiters
+            and (len(idle) >= cap * _RESTING_SHARE or now - idle[cap - 1].idle_since >= QUIET)
         ):
             connection.abort()
             return
@@ -489,6 +673,8 @@ class HostPool:
         origin.idle.append(connection)
         if connection.expiry is None:
             connection.expiry = self._clock.callLater(self.keep_idle, self._expire, connection)
+        if origin.waiters:
+            self.serve(origin)  # it rests first: they are woken when it has
 
     def _expire(self, connection: HostConnection) -> None:
         # One timer per connection, moved on lazily: a request made on it costs no timer.
@@ -505,7 +691,11 @@ class HostPool:
         connection.expiry = self._clock.callLater(wait, self._expire, connection)
 
     def forget(self, connection: HostConnection) -> None:
+        """`connection` is closed, or closing: out of the pool, its room free."""
         origin = connection.origin
+        if origin is not None and connection.counted:
+            connection.counted = False
+            origin.open -= 1
         if origin is not None and connection in origin.idle:
             origin.idle.remove(connection)
         if connection.expiry is not None and connection.expiry.active():
@@ -569,9 +759,10 @@ class HostPool:
     def close(self) -> None:
         """Close every kept connection."""
         for origin in self._origins.values():
-            if origin.distrust_timer is not None and origin.distrust_timer.active():
-                origin.distrust_timer.cancel()
-            origin.distrust_timer = None
+            for timer in (origin.distrust_timer, origin.wake):
+                if timer is not None and timer.active():
+                    timer.cancel()
+            origin.distrust_timer = origin.wake = None
             idle, origin.idle = origin.idle, []
             for connection in idle:
                 connection.abort()
