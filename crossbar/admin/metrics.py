@@ -30,6 +30,7 @@ from crossbar.limiter import Limiter
 from crossbar.proxy import ContextGuard, UsageRecorder
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.tenants import Tenants
+from crossbar.wire import Upstream
 
 __all__ = ["CONTENT_TYPE_LATEST", "UNKNOWN", "Metrics", "route_label"]
 
@@ -75,8 +76,10 @@ class Metrics:
         instances: Instances | None = None,
         warmth: Warmth | None = None,
         tenants: Tenants | None = None,
+        upstream: Upstream | None = None,
     ) -> None:
         self.config = config
+        self.upstream = upstream
         self.tenants = tenants
         self.warmth = warmth
         self.table = table
@@ -351,6 +354,8 @@ class _Live:
         )
         yield from _store(m)
         yield from _refused_reports(m)
+        if m.upstream is not None:
+            yield from _upstream(m.config, m.upstream)
         if m.tenants is not None:
             yield from _keys(m)
 
@@ -582,6 +587,41 @@ def _routers(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]
             loaded.add_metric([name, model.name], 1 if model.name in running else 0)
             seconds.add_metric([name, model.name], limiter.rates.load(name, model.name))
     yield from (places, loaded, seconds)
+
+
+def _upstream(config: Config, upstream: Upstream) -> Iterator[Metric]:
+    """What the pool of connections to the hosts knows of each (wire/pool.py)."""
+    host = ["host"]
+    unsolicited = CounterMetricFamily(
+        "crossbar_upstream_unsolicited",
+        "Answers a host sent that no request asked for (a stale second answer): each retired "
+        "its connection.",
+        labels=host,
+    )
+    distrusted = GaugeMetricFamily(
+        "crossbar_upstream_distrusted",
+        "1 while a host's connections are not kept, for an unsolicited answer in the last "
+        "10 minutes, else 0.",
+        labels=host,
+    )
+    connections = GaugeMetricFamily(
+        "crossbar_upstream_connections",
+        "Connections to a host open or opening (idle, busy, connecting), at most "
+        "server.upstream_max_connections.",
+        labels=host,
+    )
+    waiting = GaugeMetricFamily(
+        "crossbar_upstream_waiting",
+        "Requests waiting for a connection to a host to come free (at its bound).",
+        labels=host,
+    )
+    for name, host_config in config.hosts.items():
+        counts = upstream.counts(host_config.url)
+        unsolicited.add_metric([name], counts.unsolicited)
+        distrusted.add_metric([name], 1 if counts.distrusted else 0)
+        connections.add_metric([name], counts.open)
+        waiting.add_metric([name], counts.waiting)
+    yield from (unsolicited, distrusted, connections, waiting)
 
 
 def _refused_reports(m: Metrics) -> Iterator[Metric]:

@@ -142,12 +142,21 @@ async def build_parts(
     guard = ContextGuard()
     ids = IdMemory(size=s.remember_ids, ttl=s.lease_idle)
     usage = UsageRecorder(store, ids, guard, reactor, journal)
-    metrics = Metrics(config, table, hosts, limiter, guard, usage, instances, warmth, tenants)
+    upstream = Upstream(
+        reactor,
+        s.upstream_connect_timeout,
+        s.upstream_idle_timeout,
+        endpoints,
+        max_connections=s.upstream_max_connections,
+        connect_wait=s.upstream_connect_queue_timeout,
+    )
+    metrics = Metrics(
+        config, table, hosts, limiter, guard, usage, instances, warmth, tenants, upstream
+    )
     table.listeners.append(metrics.lease_event)
     hosts.model_listeners.append(metrics.model_event)
     usage.log_line = log_request
     usage.observers.append(metrics.observe)
-    upstream = Upstream(reactor, s.upstream_connect_timeout, s.upstream_idle_timeout, endpoints)
     tracing = build_tracing(config, reactor, metrics.registry)
     genai = None
     if tracing is not None:

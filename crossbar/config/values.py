@@ -70,6 +70,10 @@ class ServerConfig:
     max_body_memory: int = 256 * 1024 * 1024  # request bodies held at once, both ports together
     upstream_connect_timeout: float = 5.0
     upstream_idle_timeout: float = 600.0
+    # Connections open or opening to one host at once; a request beyond waits for one to come
+    # free, at most upstream_connect_queue_timeout, then 503.
+    upstream_max_connections: int = 256
+    upstream_connect_queue_timeout: float = 10.0
     fingerprint_chars: int = 4096
     usage_retention: float = 30 * _DAY
     usage_raw_retention: float = 2 * _DAY  # raw rows; per-minute sums after (usage_retention)
@@ -229,6 +233,12 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         max_body_memory=t.size("max_body_memory", d.max_body_memory),
         upstream_connect_timeout=t.duration("upstream_connect_timeout", d.upstream_connect_timeout),
         upstream_idle_timeout=t.duration("upstream_idle_timeout", d.upstream_idle_timeout),
+        upstream_max_connections=t.integer(
+            "upstream_max_connections", d.upstream_max_connections, maximum=65535
+        ),
+        upstream_connect_queue_timeout=t.duration(
+            "upstream_connect_queue_timeout", d.upstream_connect_queue_timeout
+        ),
         fingerprint_chars=t.integer("fingerprint_chars", d.fingerprint_chars),
         usage_retention=t.duration("usage_retention", d.usage_retention),
         usage_raw_retention=t.duration("usage_raw_retention", d.usage_raw_retention),

@@ -81,6 +81,12 @@ def for_exception(error: Exception, where: Where) -> ClientError:
                 "sent to another host (it may be what broke the connection)",
                 headers={"Retry-After": "5"},
             )
+        if error.reason == "connections busy":
+            return unavailable(
+                f"every connection crossbar may open to host {host} is busy and none came free "
+                "in time; try again shortly",
+                5,
+            )
         return unavailable(f"host {host} failed ({error.reason}); try again shortly", 5)
     if isinstance(error, PinnedDown):
         return unavailable(

@@ -31,7 +31,13 @@ from crossbar.config import Config, HostConfig, ModelConfig
 from crossbar.wire.answer import HostClosed, HostResponse, NotHTTP, read_body
 from crossbar.wire.dialects import Dialect
 from crossbar.wire.endpoints import HostEndpoints, authorization
-from crossbar.wire.pool import HostConnection, HostPool, request_head
+from crossbar.wire.pool import (
+    ConnectionsBusy,
+    HostConnection,
+    HostPool,
+    PoolCounts,
+    request_head,
+)
 from crossbar.wire.reported import count
 
 if TYPE_CHECKING:  # inbound's errors map upstream failures: no import at run time
@@ -195,10 +201,12 @@ class UpstreamFailure(Exception):
     `blameless`: it never reached the host, and not for anything the host did: this process
     ran out of file descriptors or ports, or its reactor was stalled (frozen, starved) past the
     connect timeout, so the timeout fired late. Such a failure says nothing of the host: it
-    never ejects one, nor moves a conversation.
+    never ejects one, nor moves a conversation. `connections busy` is crossbar's own bound
+    (`upstream_max_connections`): never retried, never the host's fault (`connecting` False).
     """
 
-    reason: str  # refused, connect timeout, connect failed, reset, not http, idle timeout
+    # refused, connect timeout, connect failed, reset, not http, idle timeout, connections busy
+    reason: str
     connecting: bool
     reused: bool = False
     detail: str = ""
@@ -229,6 +237,9 @@ def classify(failure: Failure, reused: bool, late: bool = False) -> UpstreamFail
     if failure.check(HostClosed):
         # No response (or only part of its head) arrived: to the client, nothing was sent yet.
         return UpstreamFailure("reset", connecting=False, reused=reused)
+    if failure.check(ConnectionsBusy):
+        # Not the host's doing, and another try would only wait again.
+        return UpstreamFailure("connections busy", connecting=False, detail=str(failure.value))
     return None
 
 
@@ -257,20 +268,28 @@ class Upstream:
         idle_timeout: float,
         endpoints: IAgentEndpointFactory | None = None,
         per_host: int = 64,
+        max_connections: int = 256,
+        connect_wait: float = 10.0,
     ) -> None:
-        """`endpoints` replaces TCP in tests (one made from `connect_timeout` otherwise)."""
+        """`endpoints` replaces TCP in tests (one made from `connect_timeout` otherwise);
+        `max_connections` per host, a request beyond waiting `connect_wait` at most for one."""
         self._reactor = reactor
         self.idle_timeout = idle_timeout  # no byte from the host this long: give up
         self._connect_timeout = connect_timeout
         self._own_endpoints = endpoints is None
         self._pool = HostPool(
-            reactor, endpoints or HostEndpoints(reactor, connect_timeout), per_host
+            reactor,
+            endpoints or HostEndpoints(reactor, connect_timeout),
+            per_host,
+            max_connections=max_connections,
+            connect_wait=connect_wait,
         )
 
     def reconfigure(self, config: Config) -> None:
-        """Take new timeouts; pooled connections stay."""
+        """Take new timeouts and bounds; pooled connections stay."""
         s = config.server
         self.idle_timeout = s.upstream_idle_timeout
+        self._pool.reconfigure(s.upstream_max_connections, s.upstream_connect_queue_timeout)
         if self._own_endpoints and s.upstream_connect_timeout != self._connect_timeout:
             self._connect_timeout = s.upstream_connect_timeout
             self._pool.endpoints = HostEndpoints(self._reactor, s.upstream_connect_timeout)
@@ -294,10 +313,13 @@ class Upstream:
     ) -> Deferred[HostResponse]:
         pool = self._pool
         origin, target = pool.origin(out.url)
-        head = request_head(out.method, target, origin.host, out.headers, out.body)
+        # A distrusted host's connection closes after its answer: it says so too.
+        head = request_head(
+            out.method, target, origin.host, out.headers, out.body, origin.distrusted
+        )
         connection = None if fresh else pool.take(origin)
         request = (head, out.body, out.method == b"HEAD", on_done)
-        return _Attempt(self, origin, connection, request).done
+        return _Attempt(self, origin, connection, request, fresh).done
 
     async def post_json(
         self, host: HostConfig, path: str, payload: Any, extra: Sequence[tuple[bytes, bytes]] = ()
@@ -338,6 +360,10 @@ class Upstream:
         tokens = data.get("tokens")
         return len(tokens) if isinstance(tokens, list) else None
 
+    def counts(self, url: str) -> PoolCounts:
+        """What the pool knows of the connections to the host at `url` (the metrics')."""
+        return self._pool.counts(url)
+
     async def close(self) -> None:
         """Close every pooled connection."""
         self._pool.close()
@@ -355,27 +381,36 @@ class _Attempt:
         origin: Any,
         connection: HostConnection | None,
         request: tuple[bytes, bytes | None, bool, Callable[[], None] | None],
+        fresh: bool = False,
     ) -> None:
-        """`request`: its head, body, whether it is a HEAD, and its `on_done`."""
+        """`request`: its head, body, whether it is a HEAD, and its `on_done`; `fresh`: on a
+        new connection only (the retry), never a kept one."""
         clock = upstream._reactor
         self._clock = clock
         self._connect_timeout = upstream._connect_timeout
         self._started = clock.seconds()
-        self._reused = connection is not None
+        self._reused = False  # on a kept connection (one that may race its host's close)
         self._request = request
         self._why = ""  # who stopped it: "client" (our caller) or "idle"
         self.done: Deferred[HostResponse] = Deferred(self._cancel)
         self._timer = clock.callLater(upstream.idle_timeout, self._stop, "idle")
         if connection is None:
-            self._waiting: Deferred[Any] = upstream._pool.connect(origin)
+            # A new one, or at the host's bound the first to come free (kept, unless fresh).
+            self._waiting: Deferred[Any] = upstream._pool.connect(origin, fresh, self._opening)
             self._waiting.addCallbacks(self._send, self._failed)
         else:
             self._send(connection)
+
+    def _opening(self) -> None:
+        # Its connect begins (at once, or after a wait at the host's bound): a connect timeout
+        # that fires late is judged from here.
+        self._started = self._clock.seconds()
 
     def _send(self, connection: HostConnection) -> None:
         if self._why:  # stopped while it connected: the connection is not wanted
             connection.abort()
             return
+        self._reused = connection.kept
         self._waiting = connection.request(*self._request)
         self._waiting.addCallbacks(self._answered, self._failed)
 

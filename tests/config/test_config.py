@@ -40,6 +40,7 @@ def test_an_empty_server_table_takes_every_default_of_the_spec():
     assert (s.queue_max, s.queue_timeout) == (64, 300.0)
     assert s.max_body == 64 * 1024 * 1024
     assert (s.upstream_connect_timeout, s.upstream_idle_timeout) == (5.0, 600.0)
+    assert (s.upstream_max_connections, s.upstream_connect_queue_timeout) == (256, 10.0)
     assert s.fingerprint_chars == 4096
     assert (s.usage_retention, s.events_retention) == (30 * 86400.0, 30 * 86400.0)
     assert s.shutdown_grace == 30.0
@@ -280,6 +281,14 @@ RULES = [
         'server.max_body: "lots" is not a size (use e.g. "512KiB", "64MiB", "1GiB")',
     ),
     ({"server": {"queue_max": -1}}, "server.queue_max: must be at least 0, not -1"),
+    (
+        {"server": {"upstream_max_connections": 0}},
+        "server.upstream_max_connections: must be at least 1, not 0",
+    ),
+    (
+        {"server": {"upstream_connect_queue_timeout": "0s"}},
+        'server.upstream_connect_queue_timeout: must be longer than zero, not "0s"',
+    ),
     ({"server": {"unhealthy_after": 0}}, "server.unhealthy_after: must be at least 1, not 0"),
     ({"server": {"healthy_after": "2"}}, "server.healthy_after: must be an integer, not a string"),
     ({"server": {"admin_token": 5}}, "server.admin_token: must be a string, not an integer"),
