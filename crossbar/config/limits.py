@@ -32,14 +32,9 @@ class RouteLimits:
     weight: float | None = None  # None: the shared FIFO line of its priority (weight 1)
     max_in_flight: int | None = None  # None: unlimited
     max_queued: int | None = None  # None: the server's queue_max
-    batch_slots: int | None = None  # None: every slot of a (host, model) but one, at least 1
-
-    def batch_cap(self, parallel: int) -> int:
-        """The most slots of a (host, model) with `parallel` slots its batch requests may
-        hold: the rest stay for interactive and standard work."""
-        if self.batch_slots is not None:
-            return self.batch_slots
-        return max(1, parallel - 1)
+    # The most slots of a (host, model) its batch requests may hold; None: what the turns
+    # leave (limiter/slots.py `_batch_cap`).
+    batch_slots: int | None = None
 
     def queued_bound(self, queue_max: int) -> int:
         """The most waiters this route may have per (host, model)."""

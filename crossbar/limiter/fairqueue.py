@@ -54,7 +54,8 @@ class Queued(Hashable, Protocol):
 
 
 W = TypeVar("W", bound=Queued)
-Eligible = Callable[[str, int], bool]  # (route, the waiter's own class): may it be admitted
+# (route, the waiter's own class, the class it waits at now): may it be admitted
+Eligible = Callable[[str, int, int], bool]
 # A weighted route's name (None: the level's shared line), and its waiters' own class.
 _LineKey = tuple[str | None, int]
 _LevelKey = tuple[int, int]  # (rank, priority)
@@ -143,14 +144,14 @@ class _Line(Generic[W]):
         self.klass = klass  # its waiters' own class
         self.routes: dict[str, _Keys[W]] = {}  # each shared by key, else by arrival
 
-    def head(self, eligible: Eligible) -> W | None:
-        """The earliest waiter of an eligible route."""
+    def head(self, eligible: Eligible, rank: int) -> W | None:
+        """The earliest waiter of an eligible route (this line waiting at class `rank`)."""
         best: W | None = None
         for name, waiters in self.routes.items():
             if not waiters:
                 continue
             first = waiters.head()
-            if (best is None or first.seq < best.seq) and eligible(name, self.klass):
+            if (best is None or first.seq < best.seq) and eligible(name, self.klass, rank):
                 best = first
         return best
 
@@ -240,7 +241,7 @@ class FairQueue(Generic[W]):
             level = self._levels[where]
             best: tuple[float, int, _Line[W], W] | None = None
             for line in level.lines.values():
-                head = line.head(eligible)
+                head = line.head(eligible, where[0])
                 if head is None:
                     continue
                 tag = max(line.tag, level.vtime)

@@ -84,6 +84,10 @@ FIRST_HOLD_GUESS = 30.0
 _HOLD_WEIGHT = 0.2
 BATCH_RANK, STANDARD_RANK, INTERACTIVE_RANK = RANK["batch"], RANK["standard"], RANK["interactive"]
 CLASS_AGING = 30.0  # server.class_aging's default, for a limiter made without a config
+# How long the most turns (interactive and standard requests) a (host, model) held at once are
+# kept from batch after they were seen: an agent thinks (runs its tools) between two turns, and
+# its next turn should find its slot still free.
+RESERVE_WINDOW = 10.0
 
 
 class Limiter:
@@ -160,7 +164,7 @@ class Limiter:
         if (
             slots.in_flight < self._limit(key)
             and state.below_cap()
-            and (klass != BATCH_RANK or self._batch_room(key, slots, state))
+            and (klass != BATCH_RANK or self._batch_room(key, slots, state.limits, klass))
             and (gate is None or gate.admits(host, model))
         ):
             # Whoever still waits here after _admit is at its route's cap or batch at its own:
@@ -170,6 +174,7 @@ class Limiter:
             slots.held += 1
             slots.admitted += 1
             slots.by_class[klass] += 1
+            self._note_turns(slots, klass)
             state.held += 1
             self._start(key, slots, work)
             return succeed(self._release(key, slots, state, False, work, klass))
@@ -191,6 +196,7 @@ class Limiter:
         timeout = max(0.0, self._queue_timeout - (now - enqueued))
         waiter.timer = self._clock.callLater(timeout, self._expire, key, slots, waiter)
         slots.waiters.push(waiter)
+        slots.waiting_by_class[klass] += 1
         state.waiting[key] += 1
         if work is not None:
             waiter.work = work
@@ -199,6 +205,8 @@ class Limiter:
             listener(host, model, state.limits.priority)
         if gate is not None:
             gate.changed(host)  # a model waiting for a place times its bound
+        if klass == BATCH_RANK:
+            self._rewake(key, slots)  # queued beside a free slot the turns keep
         return waiter.deferred
 
     def track(
@@ -373,8 +381,9 @@ class Limiter:
         return {name: (held[r], waiting[r]) for name, r in RANK.items()}
 
     def batch_cap(self, host: str, model: str) -> int:
-        """The slots of (host, model) batch requests of a route at the defaults may hold."""
-        return DEFAULT_LIMITS.batch_cap(self._limit((host, model)))
+        """The slots of (host, model) batch requests of a route at the defaults may hold now."""
+        key = (host, model)
+        return self._batch_cap(key, self._entry(key), DEFAULT_LIMITS, BATCH_RANK)
 
     def queued_by_route(self, host: str, model: str) -> dict[str, int]:
         """Waiters of (host, model) per route name ("" for requests that named none)."""
@@ -480,18 +489,75 @@ class Limiter:
         if not state.in_flight and not state.waiting:
             del self._routes[state.name]
 
-    def _batch_room(self, key: Pair, slots: SlotEntry, state: RouteEntry) -> bool:
-        """Whether a batch request of `state`'s route may take one more slot of `key`: batch
-        holds at most the route's cap of them (config/limits.py `batch_cap`)."""
-        return slots.by_class[BATCH_RANK] < state.limits.batch_cap(self._limit(key))
+    def _batch_room(self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int) -> bool:
+        """Whether a batch request of a route with `limits`, waiting at class `rank`, may take
+        one more slot of `key`."""
+        return slots.by_class[BATCH_RANK] < self._batch_cap(key, slots, limits, rank)
+
+    def _batch_cap(self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int) -> int:
+        """The slots of `key` batch may hold: the route's `batch_slots` when it sets them;
+        else what the other classes leave: every slot but the most interactive and standard
+        requests held at once within RESERVE_WINDOW (or running and waiting now), at least
+        one slot left them; every slot but one while none came. A batch waiter aged to the
+        top class may take one slot whatever they hold: no batch waits for ever."""
+        limit = self._limit(key)
+        if limits.batch_slots is not None:
+            return limits.batch_slots
+        by, waiting = slots.by_class, slots.waiting_by_class
+        now_ = by[STANDARD_RANK] + by[INTERACTIVE_RANK]
+        now_ += waiting[STANDARD_RANK] + waiting[INTERACTIVE_RANK]
+        recent = max(now_, self._turns_recent(slots))
+        cap = max(1, limit - 1) if recent == 0 else max(0, limit - recent)
+        return max(cap, 1) if rank >= INTERACTIVE_RANK else cap
+
+    def _rewake(self, key: Pair, slots: SlotEntry) -> None:
+        """Batch waits beside a free slot: its cap may rise by time alone (the turns' window
+        passes, a batch waiter ages a class), with no release or arrival to say so. Admit
+        again then."""
+        if slots.wake is not None and slots.wake.active():
+            slots.wake.cancel()
+        slots.wake = None
+        if not slots.waiting_by_class[BATCH_RANK] or slots.in_flight >= self._limit(key):
+            return
+        now = self._clock.seconds()
+        due = [slots.turns_peak_at + RESERVE_WINDOW]
+        if self._aging > 0:
+            due += [
+                w.enqueued + (w.rank - w.klass + 1) * self._aging
+                for w in slots.waiters
+                if w.klass == BATCH_RANK and w.rank < INTERACTIVE_RANK
+            ]
+        later = [t for t in due if t > now]
+        if later:
+            slots.wake = self._clock.callLater(min(later) - now, self._woken, key)
+
+    def _woken(self, key: Pair) -> None:
+        slots = self._slots[key]
+        slots.wake = None
+        self._admit(key, slots)
+
+    def _turns_recent(self, slots: SlotEntry) -> int:
+        """The most interactive and standard requests `slots` held at once lately."""
+        if self._clock.seconds() - slots.turns_peak_at < RESERVE_WINDOW:
+            return slots.turns_peak
+        return 0
+
+    def _note_turns(self, slots: SlotEntry, klass: int) -> None:
+        """A request of `klass` took a slot: a new peak of the turns held at once."""
+        if klass == BATCH_RANK:
+            return
+        held = slots.by_class[STANDARD_RANK] + slots.by_class[INTERACTIVE_RANK]
+        if held >= self._turns_recent(slots):
+            slots.turns_peak, slots.turns_peak_at = held, self._clock.seconds()
 
     def _age(self, slots: SlotEntry) -> None:
         """Raise each waiter one class for every `class_aging` seconds it has waited, so no
         class waits for ever behind a higher one. Only the order among waiters of different
         classes can change, so a queue of one class is left as it is (raised later, when a
-        higher class joins it, a waiter takes the place its wait earned)."""
+        higher class joins it, a waiter takes the place its wait earned); but a batch waiter's
+        class also decides its cap (`_batch_cap`), so a queue holding one is aged always."""
         waiters = slots.waiters
-        if self._aging <= 0 or not waiters.mixed():
+        if self._aging <= 0 or not (waiters.mixed() or slots.waiting_by_class[BATCH_RANK]):
             return
         now = self._clock.seconds()
         for waiter in waiters.below(INTERACTIVE_RANK):
@@ -578,10 +644,10 @@ class Limiter:
         if slots.waiters:
             self._age(slots)
 
-        def eligible(name: str, klass: int) -> bool:
+        def eligible(name: str, klass: int, rank: int) -> bool:
             state = self._routes[name]
             return state.below_cap() and (
-                klass != BATCH_RANK or self._batch_room(key, slots, state)
+                klass != BATCH_RANK or self._batch_room(key, slots, state.limits, rank)
             )
 
         while slots.in_flight < self._limit(key):
@@ -589,6 +655,7 @@ class Limiter:
                 return
             waiter = slots.waiters.take(eligible)
             if waiter is None:
+                self._rewake(key, slots)
                 return
             if gate is not None:
                 gate.enter(*key)
@@ -599,6 +666,8 @@ class Limiter:
             slots.held += 1
             slots.admitted += 1
             slots.by_class[waiter.klass] += 1
+            slots.waiting_by_class[waiter.klass] -= 1
+            self._note_turns(slots, waiter.klass)
             state.held += 1
             slots.wait_seconds += self._clock.seconds() - waiter.enqueued
             work = waiter.work
@@ -617,6 +686,7 @@ class Limiter:
         # The Deferred canceller: only runs while the waiter is still queued (a fired Deferred
         # ignores cancel), and Deferred.cancel then errbacks it with CancelledError.
         slots.waiters.remove(waiter)
+        slots.waiting_by_class[waiter.klass] -= 1
         if not waiter.withdrawn:
             slots.cancelled += 1
         state = self._routes[waiter.route]
@@ -634,6 +704,7 @@ class Limiter:
 
     def _expire(self, key: Pair, slots: SlotEntry, waiter: Waiter) -> None:
         slots.waiters.remove(waiter)
+        slots.waiting_by_class[waiter.klass] -= 1
         slots.timed_out += 1
         state = self._routes[waiter.route]
         self._unwait(state, key)

@@ -42,6 +42,8 @@ def test_a_free_slot_goes_to_the_highest_class_waiting_whatever_came_first():
     interactive.release()
     assert standard.release and batch.waiting
     standard.release()
+    assert batch.waiting  # the one slot stays the turns' for a while after theirs (below)
+    f.clock.advance(10)
     assert batch.release
 
 
@@ -91,3 +93,43 @@ def test_with_every_waiter_of_one_class_aging_changes_nothing():
     f.clock.advance(100)
     holder.release()
     assert [o.release is not None for o in waiting] == [True, False, False]  # arrival order
+
+
+def test_batch_leaves_a_host_the_slots_its_turns_held_lately_and_takes_them_back_after():
+    f = Fixture(parallel=2)
+    a, b = f.acquire(INTERACTIVE), f.acquire(INTERACTIVE)  # two agents' turns at once
+    a.release()
+    b.release()
+    f.clock.advance(1)  # the agents think; their next turns should find their slots
+    batch = [f.acquire(BATCH) for _ in range(2)]
+    assert [o.release is not None for o in batch] == [False, False]
+    assert f.limiter.batch_cap(H, M) == 0
+    f.clock.advance(10)  # no turn within RESERVE_WINDOW: every slot but one is batch's
+    assert [o.release is not None for o in batch] == [True, False]
+    turn = f.acquire(INTERACTIVE)
+    assert turn.release  # the slot left free
+
+
+def test_a_batch_waiter_aged_to_the_top_class_takes_a_slot_whatever_the_turns_hold():
+    f = Fixture(parallel=2, aging="10s")
+    turns = [f.acquire(INTERACTIVE), f.acquire(INTERACTIVE)]
+    old = f.acquire(BATCH)
+    for _ in range(25):  # the turns keep both slots busy, one after another, for 25 s
+        f.clock.advance(1)
+        holder = next(o for o in turns if o.release and not getattr(o, "done", False))
+        holder.done = True
+        holder.release()
+        turns.append(f.acquire(INTERACTIVE))
+        if old.release:
+            break
+    assert old.release and f.clock.seconds() <= 22  # batch at 20 s waits as interactive
+
+
+def test_a_batch_waiter_held_by_the_turns_takes_the_slot_when_their_window_passes_unprompted():
+    f = Fixture(parallel=2, aging="10s")
+    turns = [f.acquire(INTERACTIVE), f.acquire(INTERACTIVE)]
+    turns[0].release()  # one turn ends; the other runs on for a minute, and nobody arrives
+    old = f.acquire(BATCH)
+    assert old.waiting  # the slot stays the turns' within the window (10 s)
+    f.clock.advance(10)
+    assert old.release  # the window passed: no event but time, and batch takes it

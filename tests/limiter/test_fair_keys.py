@@ -34,7 +34,7 @@ def test_a_batch_of_one_key_does_not_hold_back_another_key_of_the_same_route():
     alice = [W("team", next(seq), "alice") for _ in range(2)]
     for w in alice:
         q.push(w)
-    taken = [q.take(lambda r, k: True) for _ in range(6)]
+    taken = [q.take(lambda r, k, n: True) for _ in range(6)]
     # Alice's requests came after twenty of the batch, and go second and fourth.
     assert [w.tenant for w in taken] == ["ci", "alice", "ci", "alice", "ci", "ci"]
     assert [w for w in taken if w.tenant == "ci"] == batch[:4]  # in arrival order
@@ -45,7 +45,7 @@ def test_key_weights_share_a_routes_admissions_in_proportion():
     for _ in range(30):
         q.push(W("team", next(seq), "heavy", 3.0))
         q.push(W("team", next(seq), "light", 1.0))
-    taken = [q.take(lambda r, k: True).tenant for _ in range(20)]
+    taken = [q.take(lambda r, k, n: True).tenant for _ in range(20)]
     assert taken.count("heavy") == 15 and taken.count("light") == 5
 
 
@@ -54,7 +54,7 @@ def test_without_keys_the_route_keeps_its_fifo_across_routes():
     pushed = [W(route, next(seq)) for route in ("a", "b", "a", "c", "b")]
     for w in pushed:
         q.push(w)
-    assert [q.take(lambda r, k: True) for _ in range(5)] == pushed
+    assert [q.take(lambda r, k, n: True) for _ in range(5)] == pushed
 
 
 def test_the_limiter_admits_keys_of_a_route_in_turn_into_freed_slots():

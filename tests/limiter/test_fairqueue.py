@@ -29,7 +29,7 @@ class Fixture:
             self.queue.push(w)
         return waiters
 
-    def take(self, n: int, eligible=lambda route, klass: True) -> list[W]:
+    def take(self, n: int, eligible=lambda route, klass, rank: True) -> list[W]:
         taken = []
         for _ in range(n):
             w = self.queue.take(eligible)
@@ -87,7 +87,7 @@ def test_an_ineligible_route_is_skipped_and_never_blocks_others():
     f = Fixture()
     f.push("capped", 3)
     others = f.push("free", 2)
-    assert f.take(5, eligible=lambda route, klass: route != "capped") == others
+    assert f.take(5, eligible=lambda route, klass, rank: route != "capped") == others
     assert len(f.queue) == 3 and f.queue.count("capped") == 3
 
 
@@ -95,7 +95,7 @@ def test_a_line_gets_no_credit_for_the_admissions_it_sat_out():
     f = Fixture(a=RouteLimits("a", weight=1), b=RouteLimits("b", weight=1))
     f.push("a", 50)
     f.push("b", 50)
-    f.take(20, eligible=lambda route, klass: route == "a")  # b is at its cap meanwhile
+    f.take(20, eligible=lambda route, klass, rank: route == "a")  # b is at its cap meanwhile
     # b goes next, then they alternate: no burst of 20 b's to "catch up".
     assert [w.route for w in f.take(6)] == ["b", "a", "b", "a", "b", "a"]
 
