@@ -383,7 +383,10 @@ class Limiter:
     def batch_cap(self, host: str, model: str) -> int:
         """The slots of (host, model) batch requests of a route at the defaults may hold now."""
         key = (host, model)
-        return self._batch_cap(key, self._entry(key), DEFAULT_LIMITS, BATCH_RANK)
+        slots = self._slots.get(key)
+        if slots is None:  # nothing asked of it yet: made on first use, not by a view
+            return max(1, self._limit(key) - 1)
+        return self._batch_cap(key, slots, DEFAULT_LIMITS, BATCH_RANK)
 
     def queued_by_route(self, host: str, model: str) -> dict[str, int]:
         """Waiters of (host, model) per route name ("" for requests that named none)."""
