@@ -47,7 +47,6 @@ from twisted.web.http_headers import Headers
 
 from bench.common.measure import (
     BytesProducer,
-    PortPicker,
     cpu_seconds,
     crossbar_checkout,
     percentile,
@@ -56,18 +55,19 @@ from bench.common.measure import (
     with_processes,
 )
 from bench.real.agent_workload import MODEL, Phase, TurnResult, Workload, run_phases, through
-from bench.real.real_models import spread
+from bench.real.real_models import (
+    HOSTS,
+    LLAMA_ARGS,
+    LLAMA_MODEL,
+    LLAMA_SERVER,
+    START_SECONDS,
+    Sitting,
+    spread,
+)
 from crossbar.demo.plan import DemoError
 from crossbar.demo.processes import Process, Processes, stop
 
 LAYOUTS = ("alone", "default", "routes", "classes")
-HOSTS = 2
-PORTS = range(23000, 24000)
-CACHE = Path.home() / ".cache" / "crossbar-real"
-LLAMA_SERVER = CACHE / "llama.cpp" / "build" / "bin" / "llama-server"
-LLAMA_MODEL = CACHE / "gemma-3-270m-q4_k_m.gguf"
-LLAMA_ARGS = ("-np", "2", "-c", "8192", "-t", "1", "--cache-ram", "24", "--no-repack")
-START_SECONDS = 120.0
 AGENTS, TURNS, THINK, AGENT_TOKENS = 3, 5, 0.5, 32
 BATCH_ITEMS, BATCH_AT_ONCE, BATCH_TOKENS, BATCH_LEAD = 24, 6, 128, 1.0
 ANSWER_SECONDS = 300.0
@@ -109,18 +109,6 @@ class Run:
     crossbar_cpu_s: float = 0.0
     load_before: float = 0.0
     turns: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass
-class Sitting:
-    """What every run shares."""
-
-    args: argparse.Namespace
-    processes: Processes
-    work: Path
-    progress: TextIO
-    ports: PortPicker = field(default_factory=lambda: PortPicker(PORTS))
-    runs: int = 0
 
 
 async def start_fleet(
