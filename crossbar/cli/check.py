@@ -6,6 +6,7 @@ import time
 
 from crossbar import build
 from crossbar.config import (
+    INTERACTIVE,
     Config,
     HostConfig,
     KeyConfig,
@@ -63,7 +64,11 @@ def _route_line(config: Config, route: Route) -> str:
         f"default_model {route.default_model or '-'}",
         f"affinity {route.affinity}",
         f"queue {_queue_share(config, route)}" if route.queues() else "queue no",
+        f"class {route.request_class}",
     ]
+    if route.queues():
+        batch = "what the turns leave" if route.batch_slots is None else str(route.batch_slots)
+        parts.append(f"batch_slots {batch}")
     if route.aliases:
         shown = ", ".join(f"{glob} -> {model}" for glob, model in route.aliases)
         parts.append(f"aliases {shown}")
@@ -154,6 +159,10 @@ def _key_line(key: KeyConfig) -> str:
     parts.append(f"cached_weight {limits.cached_weight:g}")
     if limits.weight is not None:
         parts.append(f"weight {limits.weight:g}")
+    if limits.request_class is not None:
+        parts.append(f"class {limits.request_class}")
+    if limits.max_class != INTERACTIVE:
+        parts.append(f"max_class {limits.max_class}")
     if key.expires is not None:
         parts.append("expires " + time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(key.expires)))
     if key.blocked:

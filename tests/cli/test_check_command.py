@@ -50,6 +50,22 @@ def test_check_prints_each_routes_queue_share(capsys):
     )
     assert shared in out  # the template's defaults
     assert "affinity route; queue no;" in out
+    # Each route's class and what batch may hold of a host; queue = false routes never queue.
+    assert "; class standard; batch_slots what the turns leave;" in out
+    assert "queue no; class standard;" in out
+
+
+def test_check_prints_a_keys_class_and_max_class_where_set(tmp_path, capsys):
+    text = EXAMPLE.read_text() + (
+        '\n[keys.nightly]\nsecret = "sk-nightly-0123456789ab"\nroutes = ["convo"]\n'
+        'class = "batch"\nmax_class = "batch"\n'
+    )
+    path = tmp_path / "classes.toml"
+    path.write_text(text)
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if x.strip().startswith("nightly:"))
+    assert "class batch; max_class batch" in line
 
 
 def test_check_refuses_a_non_positive_weight_or_cap_with_its_dotted_path(tmp_path, capsys):
