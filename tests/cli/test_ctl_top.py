@@ -51,6 +51,19 @@ def test_a_frame_says_what_failed_when_crossbar_cannot_be_read():
     assert "(trying again at the next refresh)" in lines
 
 
+def test_a_hosts_row_shows_slots_held_per_class_and_waiters_after_a_plus():
+    classes = {"interactive": {"in_flight": 1, "queued": 0},
+               "standard": {"in_flight": 0, "queued": 2},
+               "batch": {"in_flight": 3, "queued": 9}}  # fmt: skip
+    host = {"name": "titan", "healthy": True, "draining": False, "models": [
+        {"name": MODEL, "in_flight": 4, "parallel": 4, "queued": 11, "leases": 5, "state": None,
+         "classes": classes}]}  # fmt: skip
+    lines = frame(Snapshot({}, [host], [], []), "http://x", 0.0, 60)
+    row = next(line for line in lines if line.startswith("titan"))
+    assert row.split()[:9] == ["titan", "healthy", MODEL, "-", "4/4", "11", "1/0/3", "+0/2/9",
+                               "5"]  # fmt: skip
+
+
 class Terminal:
     """A pseudo-terminal of 140 x 40 with `crossbar ctl top` in it."""
 
