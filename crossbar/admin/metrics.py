@@ -462,7 +462,7 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
         ),
         "stopped": CounterMetricFamily(
             "crossbar_batch_stopped",
-            "Batch requests stopped (and sent again) for an interactive turn waiting behind them.",
+            "Batch requests stopped (and sent again) for a turn (interactive or standard) waiting.",
             labels=pair,
         ),
     }

@@ -55,8 +55,8 @@ class Route:
     request_class: str = STANDARD
     batch_slots: int | None = None
     # A batch request of the route, not streamed and not yet answered, is stopped (and sent
-    # again, first among batch) when an interactive turn has waited this long behind it on
-    # its host; None: never.
+    # again, first among batch) when a turn (interactive or standard) has waited this long
+    # behind it on its host; None: never.
     batch_yield_after: float | None = None
     rebalance: bool = False  # move idle conversations off a host whose queue stays full
     rebalance_after: float = 30.0  # how long a queue must stay non-empty

@@ -212,7 +212,7 @@ class Limiter:
             gate.changed(host)  # a model waiting for a place times its bound
         if klass == BATCH_RANK:
             self._rewake(key, slots)  # queued beside a free slot the turns keep
-        elif klass == INTERACTIVE_RANK:
+        else:
             self._plan_yield(key, slots)  # batch it waits behind may be stopped for it
         return waiter.deferred
 
@@ -548,17 +548,18 @@ class Limiter:
         self._admit(key, slots)
 
     def _plan_yield(self, key: Pair, slots: SlotEntry) -> None:
-        """A turn (interactive) waits: where a running batch request may be stopped for it
-        (its route's `batch_yield_after`), time that; stop one when it comes (`_yield`)."""
+        """A turn (an interactive or standard request) waits: where a running batch request
+        may be stopped for it (its route's `batch_yield_after`), time that; stop one when it
+        comes (`_yield`)."""
         if slots.yielding is not None and slots.yielding.active():
             slots.yielding.cancel()
         slots.yielding = None
-        if not slots.waiting_by_class[INTERACTIVE_RANK]:
+        if not (slots.waiting_by_class[INTERACTIVE_RANK] or slots.waiting_by_class[STANDARD_RANK]):
             return
         bounds = [w.yield_after for w in slots.running if w.stop is not None]
         if not bounds:
             return
-        oldest = min(w.enqueued for w in slots.waiters if w.klass == INTERACTIVE_RANK)
+        oldest = min(w.enqueued for w in slots.waiters if w.klass != BATCH_RANK)
         when = oldest + min(b for b in bounds if b is not None)
         delay = max(0.0, when - self._clock.seconds())
         slots.yielding = self._clock.callLater(delay, self._yield, key)
@@ -575,7 +576,7 @@ class Limiter:
         for a turn that has waited their bound (the least work lost); plan the next."""
         slots = self._slots[key]
         slots.yielding = None
-        turns = [w.enqueued for w in slots.waiters if w.klass == INTERACTIVE_RANK]
+        turns = [w.enqueued for w in slots.waiters if w.klass != BATCH_RANK]
         if not turns:
             return
         waited = self._clock.seconds() - min(turns)

@@ -157,11 +157,12 @@ def held_fleet() -> tuple[Crossbar, list[Any]]:
     return crossbar, held
 
 
-def test_a_batch_request_is_stopped_for_a_turn_that_waited_and_runs_again_first():
+@pytest.mark.parametrize("turn_class", ["interactive", "standard"])
+def test_a_batch_request_is_stopped_for_a_turn_that_waited_and_runs_again_first(turn_class):
     crossbar, held = held_fleet()
     item = ask(crossbar, None, route="bulk")  # takes the one slot; its answer is coming
     assert len(held) == 1 and item.status is None
-    turn = ask(crossbar, None, **{"X-Crossbar-Class": "interactive"})
+    turn = ask(crossbar, None, **{"X-Crossbar-Class": turn_class})
     crossbar.net.run(0.9)
     assert turn.status is None and not held[0].lost  # within the bound: it waits
     crossbar.net.run(0.2)
