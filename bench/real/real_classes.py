@@ -20,8 +20,9 @@ The layouts:
 - `routes`: today's way without classes: the batch on a route of its own with `priority = -10`
   and `max_in_flight = 2`, the agents' route `priority = 10`;
 - `classes`: the batch on the agents' route, marked `service_tier: "flex"` (class batch): it
-  queues after every turn and holds at most every slot but one of a host (`batch_slots`
-  unset).
+  queues after every turn and holds what the turns leave of a host (`batch_slots` unset);
+- `yielding`: the same with `batch_yield_after = "200ms"` on the route: a batch item running
+  when a turn has waited 200 ms behind it is stopped and sent again.
 
 Printed per layout over `--runs` runs (the layouts' order reversed every other run): the agents'
 time to first token p50 and p99 over their later turns (2 to 5), their turn p99, the batch's
@@ -67,10 +68,11 @@ from bench.real.real_models import (
 from crossbar.demo.plan import DemoError
 from crossbar.demo.processes import Process, Processes, stop
 
-LAYOUTS = ("alone", "default", "routes", "classes")
+LAYOUTS = ("alone", "default", "routes", "classes", "yielding")
 AGENTS, TURNS, THINK, AGENT_TOKENS = 3, 5, 0.5, 32
 BATCH_ITEMS, BATCH_AT_ONCE, BATCH_TOKENS, BATCH_LEAD = 24, 6, 128, 1.0
 ANSWER_SECONDS = 300.0
+YIELD_AFTER = "200ms"  # the yielding layout's batch_yield_after
 
 CONFIG = """\
 [server]
@@ -91,6 +93,7 @@ default_model = "{model}"
 """
 ROUTE_KEYS = {
     "routes": ("priority = 10\n", "priority = -10\nmax_in_flight = 2\n"),
+    "yielding": (f'batch_yield_after = "{YIELD_AFTER}"\n', ""),
 }
 
 
@@ -225,7 +228,8 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
         phases = [Phase("agents", tuple(range(AGENTS)), thinks, AGENTS)]
         batch = None
         if layout != "alone":
-            batch = defer.ensureDeferred(run_batch(reactor, batch_url, layout == "classes"))
+            flex = layout in ("classes", "yielding")
+            batch = defer.ensureDeferred(run_batch(reactor, batch_url, flex))
             await task.deferLater(reactor, BATCH_LEAD, lambda: None)
         results: list[TurnResult] = await run_phases(
             reactor, through(agents_url), workload, phases, lambda _h, _u: ""

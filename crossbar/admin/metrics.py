@@ -460,6 +460,11 @@ def _slots(config: Config, hosts: Hosts, limiter: Limiter) -> Iterator[Metric]:
             "Total time admitted requests spent waiting for their slot.",
             labels=pair,
         ),
+        "stopped": CounterMetricFamily(
+            "crossbar_batch_stopped",
+            "Batch requests stopped (and sent again) for a turn (interactive or standard) waiting.",
+            labels=pair,
+        ),
     }
     for host, model in pairs:
         labels = [host, model]

@@ -15,7 +15,14 @@ AFFINITIES = ("conversation", "route")
 AUTHS = ("", "keys")  # "": the route's own `keys` list, if any; "keys": named keys too
 UNKNOWN_MODELS = ("error", "default")
 # The keys that shape a route's place in the slot queues; meaningless where it never queues.
-SHARING_KEYS = ("priority", "weight", "max_in_flight", "max_queued", "batch_slots")
+SHARING_KEYS = (
+    "priority",
+    "weight",
+    "max_in_flight",
+    "max_queued",
+    "batch_slots",
+    "batch_yield_after",
+)
 # The valve weighs a queued turn's wait at home against a move: only a queueing route with a
 # lease per conversation has either (docs/reference.md, "Leases": the valve).
 VALVE_KEYS = ("valve", "valve_margin", "valve_slack", "valve_hold")
@@ -47,6 +54,10 @@ class Route:
     # slots of a (host, model) its batch requests may hold (None: all but one, at least 1).
     request_class: str = STANDARD
     batch_slots: int | None = None
+    # A batch request of the route, not streamed and not yet answered, is stopped (and sent
+    # again, first among batch) when a turn (interactive or standard) has waited this long
+    # behind it on its host; None: never.
+    batch_yield_after: float | None = None
     rebalance: bool = False  # move idle conversations off a host whose queue stays full
     rebalance_after: float = 30.0  # how long a queue must stay non-empty
     rebalance_idle: float = 20.0  # only conversations idle this long move
@@ -181,6 +192,7 @@ def read_route_body(table: Section, name: str) -> Route:
         max_queued=table.integer("max_queued", None, minimum=0),
         request_class=request_class,
         batch_slots=table.integer("batch_slots", None, minimum=1),
+        batch_yield_after=table.duration("batch_yield_after", None),  # type: ignore[arg-type]
         aliases=table.string_table("aliases"),
         unknown_model=unknown_model,
         cors_origins=_read_origins(table),

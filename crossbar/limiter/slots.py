@@ -120,6 +120,7 @@ class Limiter:
         self._slots: dict[Pair, SlotEntry] = {}
         self._routes: dict[str, RouteEntry] = {}
         self._arrivals = count()
+        self._firsts = count(1)  # stopped batch requests' places, before every arrival
         # Told (host, model, priority) of each request that had to queue: a prewarm holding a
         # slot there gives it up (handoff/prewarm.py), so a client never waits behind one.
         self.on_wait: list[Callable[[str, str, int], None]] = []
@@ -145,6 +146,7 @@ class Limiter:
         work: Work | None = None,
         since: float | None = None,
         klass: int = STANDARD_RANK,
+        first: bool = False,
     ) -> Deferred[Release]:
         """A slot: fires with its idempotent release, or fails with QueueFull / QueueTimeout.
 
@@ -152,9 +154,10 @@ class Limiter:
         `tenant` (a client key's name and weight) shares the route's turn with its other keys;
         `work` is what it asks of the slot (the expected wait); `since` when it began waiting
         elsewhere (a turn the valve moved keeps its deadline); `klass` its request class's rank
-        (config/classes.py: batch 0, standard 1, interactive 2). Cancelling the Deferred while it
-        waits removes the waiter from the queue; it never holds a slot. Once it has fired, the
-        caller owns the release and must call it.
+        (config/classes.py: batch 0, standard 1, interactive 2); `first`: queue before every
+        waiter that came (a batch request stopped for a turn, going again). Cancelling the
+        Deferred while it waits removes the waiter from the queue; it never holds a slot. Once
+        it has fired, the caller owns the release and must call it.
         """
         key = (host, model)
         slots = self._entry(key)
@@ -189,7 +192,9 @@ class Limiter:
             return fail(RouteQueueFull(message, retry, name, bound))
         now = self._clock.seconds()
         enqueued = now if since is None else min(since, now)
-        waiter = Waiter(name, next(self._arrivals), enqueued, klass=klass, rank=klass)
+        # `first`: a batch request stopped for a turn goes back before every other waiting one.
+        seq = -next(self._firsts) if first else next(self._arrivals)
+        waiter = Waiter(name, seq, enqueued, klass=klass, rank=klass)
         if tenant is not None:
             waiter.tenant, waiter.tenant_weight = tenant
         waiter.deferred = Deferred(lambda _: self._leave(key, slots, waiter))
@@ -207,6 +212,8 @@ class Limiter:
             gate.changed(host)  # a model waiting for a place times its bound
         if klass == BATCH_RANK:
             self._rewake(key, slots)  # queued beside a free slot the turns keep
+        else:
+            self._plan_yield(key, slots)  # batch it waits behind may be stopped for it
         return waiter.deferred
 
     def track(
@@ -423,6 +430,7 @@ class Limiter:
                     timed_out=s.timed_out,
                     cancelled=s.cancelled,
                     wait_seconds=s.wait_seconds,
+                    stopped=s.stopped,
                 )
             )
         return states
@@ -538,6 +546,52 @@ class Limiter:
         slots = self._slots[key]
         slots.wake = None
         self._admit(key, slots)
+
+    def _plan_yield(self, key: Pair, slots: SlotEntry) -> None:
+        """A turn (an interactive or standard request) waits: where a running batch request
+        may be stopped for it (its route's `batch_yield_after`), time that; stop one when it
+        comes (`_yield`)."""
+        if slots.yielding is not None and slots.yielding.active():
+            slots.yielding.cancel()
+        slots.yielding = None
+        if not (slots.waiting_by_class[INTERACTIVE_RANK] or slots.waiting_by_class[STANDARD_RANK]):
+            return
+        bounds = [w.yield_after for w in slots.running if w.stop is not None]
+        if not bounds:
+            return
+        oldest = min(w.enqueued for w in slots.waiters if w.klass != BATCH_RANK)
+        when = oldest + min(b for b in bounds if b is not None)
+        delay = max(0.0, when - self._clock.seconds())
+        slots.yielding = self._clock.callLater(delay, self._yield, key)
+
+    def may_stop(self, host: str, model: str) -> None:
+        """A running batch request of (host, model) may be stopped now (its `work.stop` is
+        set): a turn already waiting there times its bound."""
+        slots = self._slots.get((host, model))
+        if slots is not None:
+            self._plan_yield((host, model), slots)
+
+    def _yield(self, key: Pair) -> None:
+        """Stop the batch request that started last among those its route lets be stopped
+        for a turn that has waited their bound (the least work lost); plan the next."""
+        slots = self._slots[key]
+        slots.yielding = None
+        turns = [w.enqueued for w in slots.waiters if w.klass != BATCH_RANK]
+        if not turns:
+            return
+        waited = self._clock.seconds() - min(turns)
+        stoppable = [
+            w
+            for w in slots.running
+            if w.stop is not None and w.yield_after is not None and waited >= w.yield_after
+        ]
+        if stoppable:
+            victim = max(stoppable, key=lambda w: w.started or 0.0)
+            stop, victim.stop = victim.stop, None
+            slots.stopped += 1
+            assert stop is not None
+            stop()  # its release admits the turn; it queues again, first among batch
+        self._plan_yield(key, slots)
 
     def _turns_recent(self, slots: SlotEntry) -> int:
         """The most interactive and standard requests `slots` held at once lately."""

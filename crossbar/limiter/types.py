@@ -58,6 +58,7 @@ class SlotState:
     timed_out: int  # QueueTimeout
     cancelled: int  # waiters that left the queue (client gone)
     wait_seconds: float  # total time admitted requests spent queued
+    stopped: int = 0  # batch requests stopped for a waiting turn
 
 
 @frozen
@@ -88,6 +89,11 @@ class Work:
     # Its output is its own limit or a learned mean, not a guess: its hold may teach the factor.
     informed: bool = True
     streamed: Callable[[], int] = _nothing_streamed
+    # A batch request that may be stopped for a turn waiting this long (its route's
+    # batch_yield_after; None: never), and how to stop it while its client has seen nothing
+    # (set by the proxy only then; None otherwise).
+    yield_after: float | None = None
+    stop: Callable[[], None] | None = None
 
 
 @define(eq=False)
@@ -147,6 +153,8 @@ class SlotEntry:
     turns_peak: int = 0
     turns_peak_at: float = float("-inf")
     wake: IDelayedCall | None = None  # batch waits beside a free slot: when its cap may rise
+    yielding: IDelayedCall | None = None  # a turn waits behind batch that may be stopped for it
+    stopped: int = 0  # batch requests stopped for a waiting turn
 
     @property
     def in_flight(self) -> int:

@@ -84,6 +84,14 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
+MAX_STOPS = 2  # times a batch request is stopped for a waiting turn, at most
+
+
+def streams(body: Any) -> bool:
+    """Whether a request asks for its answer streamed (its client sees it as it comes)."""
+    return isinstance(body, dict) and body.get("stream") is True
+
+
 _BUSY = (429, 503)  # a host's answers that say "not now": a fallback route may serve instead
 
 
@@ -357,6 +365,29 @@ class ProxyResource(Resource):
         need = self._calls.need(ex.prompt_chars, model)
         return fallback_call(call, route, model, ex.fp, serving.candidates(model), need)
 
+    def _may_stop(
+        self, call: Call, host: str, work: Work | None, sending: Deferred[Any], stopped: int
+    ) -> list[bool]:
+        """Let the limiter stop `sending` for a waiting turn, when it is a batch request its
+        route lets be stopped, not streamed (its client sees nothing until the whole answer),
+        stopped fewer than MAX_STOPS times so far. The list says whether it was stopped."""
+        yielded: list[bool] = []
+        if (
+            work is None
+            or work.yield_after is None
+            or stopped >= MAX_STOPS
+            or streams(call.inbound.body)
+        ):
+            return yielded
+
+        def stop() -> None:
+            yielded.append(True)
+            sending.cancel()  # the host's connection closes: it stops generating
+
+        work.stop = stop
+        self._limiter.may_stop(host, call.model)
+        return yielded
+
     def _settle(self, charged: list[Reservation], tokens: Tokens) -> None:
         """Charge the key what the answer really cost, in place of its estimate."""
         now = self._clock.seconds()
@@ -380,6 +411,7 @@ class ProxyResource(Resource):
         removed = 0  # placed again because a reload removed the host, or the valve lost a race
         judged = False  # the valve had its say on this turn: one move at most per turn
         moves = swapping.Moves(self._clock)  # a router-mode host's model moving under it
+        stopped = 0  # times this batch request was stopped for a waiting turn
         trace = ex.trace
         loaded = self._loaded
         while True:
@@ -403,7 +435,7 @@ class ProxyResource(Resource):
             ready = self._prepare(call, host)
             try:
                 release, host, work = await self._slots.take(
-                    call, acquired, ex, key, exact, partial(self._where, call), judged
+                    call, acquired, ex, key, exact, partial(self._where, call), judged, stopped > 0
                 )
             except Replace:
                 judged = True
@@ -416,6 +448,7 @@ class ProxyResource(Resource):
             if host != acquired.host:  # the valve moved it: its lease is there now
                 judged = True
                 acquired = evolve(acquired, host=host, reused=False)
+            yielded: list[bool] = []  # stopped for a waiting turn (a batch request)
             host_config = self._config.hosts.get(host)
             if host_config is None:  # a reload removed it while we waited
                 release()
@@ -437,7 +470,19 @@ class ProxyResource(Resource):
                     loading = loaded.sent(host, call.model)  # a load it waits for, if any
                 # The slot frees the moment the host's answer has all been read: the next
                 # waiter's request goes before this answer's end is relayed and recorded.
-                response = await self._upstream.send(out, on_done=release)
+                sending = Deferred.fromCoroutine(self._upstream.send(out, on_done=release))
+                yielded = self._may_stop(call, host, work, sending, stopped)
+                try:
+                    response = await sending
+                finally:
+                    if work is not None:
+                        work.stop = None
+            except CancelledError:
+                release()
+                if not yielded:
+                    raise  # the client left
+                stopped += 1  # stopped for a turn: nothing reached the client; again, first
+                continue
             except UpstreamFailure as failure:
                 release()
                 if trace is not None:

@@ -56,6 +56,7 @@ class SlotStep:
         exact: int | None,
         where: Callable[[str], Where],
         judged: bool = False,
+        first: bool = False,
     ) -> tuple[Release, str, Work | None]:
         """A slot for `call` on its host, or on the host the valve moves it to (not when the
         valve has `judged` this turn already): the release, the host, and the work it brings
@@ -73,6 +74,8 @@ class SlotStep:
         output, informed = self._expected_output(call, key)
         prefill = prompt - pace.held_on(placement.warmth, host, call, prompt, warm)
         work = Work(prefill, output, informed=informed)
+        if rank(ex.request_class) == BATCH_RANK:
+            work.yield_after = call.route.batch_yield_after
         if not call.route.queues():
             return limiter.track(host, call.model, call.route.limits, work), host, work
         waited = self._clock.seconds()
@@ -82,7 +85,7 @@ class SlotStep:
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
             klass = rank(ex.request_class)
             pending = limiter.acquire(
-                host, call.model, call.route.limits, tenant, work, klass=klass
+                host, call.model, call.route.limits, tenant, work, klass=klass, first=first
             )
             valve = self._valve
             # A batch request waits at home: no bulk item ever moves a conversation's lease.

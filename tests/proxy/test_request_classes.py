@@ -140,3 +140,49 @@ def test_the_request_line_says_a_class_other_than_standard():
     finally:
         globalLogPublisher.removeObserver(keep)
     assert " class=batch" in seen[0] and "class=" not in seen[1]
+
+
+YIELDING = {
+    "convo": {"hosts": ["titan"], "default_model": MODEL},
+    "bulk": {"hosts": ["titan"], "default_model": MODEL, "class": "batch",
+             "batch_yield_after": "1s"},
+}  # fmt: skip
+
+
+def held_fleet() -> tuple[Crossbar, list[Any]]:
+    """One host of one slot whose answers wait until the story gives them."""
+    crossbar = start(YIELDING, hosts=("titan",), parallel=1)
+    held: list[Any] = []
+    crossbar.net.on_request["titan"] = held.append
+    return crossbar, held
+
+
+@pytest.mark.parametrize("turn_class", ["interactive", "standard"])
+def test_a_batch_request_is_stopped_for_a_turn_that_waited_and_runs_again_first(turn_class):
+    crossbar, held = held_fleet()
+    item = ask(crossbar, None, route="bulk")  # takes the one slot; its answer is coming
+    assert len(held) == 1 and item.status is None
+    turn = ask(crossbar, None, **{"X-Crossbar-Class": turn_class})
+    crossbar.net.run(0.9)
+    assert turn.status is None and not held[0].lost  # within the bound: it waits
+    crossbar.net.run(0.2)
+    assert held[0].lost  # the batch request's host connection closed: the host stops
+    assert len(held) == 2  # the turn went out on the freed slot
+    held[1].answer(ANSWER)
+    crossbar.net.flush()
+    assert turn.status == 200 and item.status is None  # the batch client saw nothing
+    crossbar.net.run(11)  # the turns' window passes: the batch request goes again
+    assert len(held) == 3
+    held[2].answer(ANSWER)
+    crossbar.net.flush()
+    assert item.status == 200 and item.received.count(b"HTTP/1.1") == 1
+    assert crossbar.parts.limiter._slots[("titan", MODEL)].stopped == 1
+
+
+def test_a_streamed_batch_request_is_never_stopped():
+    crossbar, held = held_fleet()
+    body = {"model": MODEL, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+    ask(crossbar, None, route="bulk", body=body)
+    turn = ask(crossbar, None, **{"X-Crossbar-Class": "interactive"})
+    crossbar.net.run(5)
+    assert len(held) == 1 and not held[0].lost and turn.status is None

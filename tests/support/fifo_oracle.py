@@ -56,6 +56,7 @@ class SlotState:
     timed_out: int  # QueueTimeout
     cancelled: int  # waiters that left the queue (client gone)
     wait_seconds: float  # total time admitted requests spent queued
+    stopped: int = 0  # batch requests stopped for a turn: the old FIFO had no classes
 
 
 @define(eq=False)
