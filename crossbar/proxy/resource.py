@@ -87,9 +87,18 @@ _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place
 MAX_STOPS = 2  # times a batch request is stopped for a waiting turn, at most
 
 
-def streams(body: Any) -> bool:
-    """Whether a request asks for its answer streamed (its client sees it as it comes)."""
-    return isinstance(body, dict) and body.get("stream") is True
+def stoppable(call: Call, work: Work, stopped: int) -> bool:
+    """Whether the limiter may stop `call` for a waiting turn: a batch request its route lets
+    be stopped (`work.yield_after`), not streamed (its client sees nothing until the whole
+    answer), stopped fewer than MAX_STOPS times so far."""
+    body = call.inbound.body
+    streamed = isinstance(body, dict) and body.get("stream") is True
+    return work.yield_after is not None and stopped < MAX_STOPS and not streamed
+
+
+def _stop(yielded: list[bool], sending: Deferred[Any]) -> None:
+    yielded.append(True)
+    sending.cancel()  # the host's connection closes: it stops generating
 
 
 _BUSY = (429, 503)  # a host's answers that say "not now": a fallback route may serve instead
@@ -365,29 +374,6 @@ class ProxyResource(Resource):
         need = self._calls.need(ex.prompt_chars, model)
         return fallback_call(call, route, model, ex.fp, serving.candidates(model), need)
 
-    def _may_stop(
-        self, call: Call, host: str, work: Work | None, sending: Deferred[Any], stopped: int
-    ) -> list[bool]:
-        """Let the limiter stop `sending` for a waiting turn, when it is a batch request its
-        route lets be stopped, not streamed (its client sees nothing until the whole answer),
-        stopped fewer than MAX_STOPS times so far. The list says whether it was stopped."""
-        yielded: list[bool] = []
-        if (
-            work is None
-            or work.yield_after is None
-            or stopped >= MAX_STOPS
-            or streams(call.inbound.body)
-        ):
-            return yielded
-
-        def stop() -> None:
-            yielded.append(True)
-            sending.cancel()  # the host's connection closes: it stops generating
-
-        work.stop = stop
-        self._limiter.may_stop(host, call.model)
-        return yielded
-
     def _settle(self, charged: list[Reservation], tokens: Tokens) -> None:
         """Charge the key what the answer really cost, in place of its estimate."""
         now = self._clock.seconds()
@@ -470,12 +456,15 @@ class ProxyResource(Resource):
                     loading = loaded.sent(host, call.model)  # a load it waits for, if any
                 # The slot frees the moment the host's answer has all been read: the next
                 # waiter's request goes before this answer's end is relayed and recorded.
-                sending = Deferred.fromCoroutine(self._upstream.send(out, on_done=release))
-                yielded = self._may_stop(call, host, work, sending, stopped)
-                try:
-                    response = await sending
-                finally:
-                    if work is not None:
+                if work is None or not stoppable(call, work, stopped):
+                    response = await self._upstream.send(out, on_done=release)
+                else:  # a batch request a turn may stop: the limiter holds its stop
+                    sending = Deferred.fromCoroutine(self._upstream.send(out, on_done=release))
+                    work.stop = partial(_stop, yielded, sending)
+                    self._limiter.may_stop(host, call.model)
+                    try:
+                        response = await sending
+                    finally:
                         work.stop = None
             except CancelledError:
                 release()
