@@ -32,6 +32,8 @@ class Capacity(Protocol):
 
     def queued(self, host: str, model: str) -> int: ...
 
+    def batch_room(self, host: str, model: str, route: str = "") -> int: ...
+
 
 # What running the model on a host takes (`Loads.tier`), best first: a host that keeps it
 # loaded (`keep_loaded`); one where it is loaded, loading or on its way (every host that is not
@@ -72,6 +74,11 @@ class HostView:
     tier: int = LOADED  # what running the model here takes (above)
     crowd: int = 0  # models holding the host's places (a router-mode host's)
     evicts: int = 0  # active conversations of the model a load here would unload
+    # For a batch request (None for anything else): batch requests its cap lets start here
+    # now, less the batch already waiting (Capacity.batch_room); and whether its shared
+    # system prompt last went here (`home`).
+    batch_room: int | None = None
+    home: bool = False
 
 
 def pick(views: Sequence[HostView]) -> str | None:
@@ -97,6 +104,8 @@ def pick(views: Sequence[HostView]) -> str | None:
     """
     if not views:
         return None
+    if views[0].batch_room is not None:
+        return _pick_batch(views)
 
     def rank(
         item: tuple[int, HostView],
@@ -114,6 +123,34 @@ def pick(views: Sequence[HostView]) -> str | None:
             Fraction(v.leases, slots),
             Fraction(v.busy, slots),
             -v.free,
+            order,
+        )
+
+    return min(enumerate(views), key=rank)[1].name
+
+
+def _pick_batch(views: Sequence[HostView]) -> str:
+    """The host for a batch request, which has no conversation to keep warm: a host not held
+    down, then the best tier (as `pick`: a batch request must not load a model over another's
+    only place); then one where its batch cap lets it start now, the host its shared system
+    prompt last went to first (its prefix is cached there); where none can start it now, the
+    shortest batch queue past its cap, its home first among equals. The batch cap follows the
+    turns (limiter/slots.py), so the host with the fewest active conversations has the most
+    room: batch keeps off the hosts people are working on. Then the lowest busy/parallel,
+    then the candidates' order."""
+
+    def rank(item: tuple[int, HostView]) -> tuple[bool, int, bool, bool, int, bool, Fraction, int]:
+        order, v = item
+        room = v.batch_room if v.batch_room is not None else 0
+        starts = room > 0
+        return (
+            v.held,
+            v.tier,
+            not starts,
+            starts and not v.home,
+            -room,
+            not v.home,
+            Fraction(v.busy, max(v.parallel, 1)),
             order,
         )
 
@@ -151,11 +188,15 @@ class Chooser:
         peers: Collection[str] = (),
         need: int = 0,
         leaving: Lease | None = None,
+        batch: str | None = None,
+        home: str | None = None,
     ) -> str | None:
         """The best of `candidates` for a new lease of `model`; `leases(host)` counts the
         leases held there for the model, `peers` are hosts where a peer route holds one,
         `need` the tokens the conversation is expected to keep warm, `leaving` a lease being
-        placed again (it no longer counts on its host).
+        placed again (it no longer counts on its host). `batch`: the route of a batch request
+        (None for any other), placed by its room under the batch cap (`_pick_batch`), `home`
+        the host its shared system prompt last went to.
 
         A host whose slots are not known yet is weighed as one with the known candidates'
         typical `parallel` (their mean): neither preferred nor penalised for it."""
@@ -175,14 +216,16 @@ class Chooser:
             count = leases(h)
             if leaving is not None and leaving.host == h:
                 count -= 1
-            room = True if warmth is None else warmth.room(h, need, leaving)
+            room = True if warmth is None or batch is not None else warmth.room(h, need, leaving)
             tier = LOADED if loads is None else loads.tier(h, model)
             crowd = evicts = 0
             if loads is not None:
                 crowd = loads.crowd(h)
                 evicts = loads.evicts(h, model) if tier >= SPARE else 0
+            spare = None if batch is None else cap.batch_room(h, model, batch)
             view = HostView(
-                h, h in peers, count, parallel, free, held(h), busy, room, tier, crowd, evicts
-            )
+                h, h in peers, count, parallel, free, held(h), busy, room, tier, crowd, evicts,
+                spare, h == home,
+            )  # fmt: skip
             views.append(view)
         return pick(views)

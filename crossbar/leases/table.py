@@ -196,6 +196,38 @@ class Table:
             raise NoHost(key.route, key.model)
         return Acquired(host, reused=False, pinned=False)
 
+    def spare(self, key: Key, candidates: Sequence[str], home: str | None = None) -> Acquired:
+        """Where a batch request with `key` goes, creating, moving and touching nothing (a
+        batch request has no turn to keep warm, and must never move a conversation's lease):
+        a pin as ever; the lease its key already has, when that host is healthy and not
+        draining (a session's batch request runs warm beside its turns); else the usable
+        host where its batch cap lets it start soonest, `home` (where its shared system
+        prompt last went) first (chooser.py). Raises PinnedDown or NoHost."""
+        healthy, draining = self._hosts.healthy, self._hosts.draining
+        pin = self.pinned(key.route)
+        if pin is not None and pin in candidates:
+            if not healthy(pin):
+                raise PinnedDown(key.route, pin)
+            return Acquired(pin, reused=True, pinned=True)
+        for held in (self._index.get(key), self._index.get(Key(key.route, "", key.model))):
+            if held is not None and held.host in candidates:
+                if healthy(held.host) and not draining(held.host):
+                    return Acquired(held.host, reused=True, pinned=False)
+        usable = [h for h in candidates if healthy(h) and not draining(h)]
+        if not usable:
+            raise NoHost(key.route, key.model)
+        index, placing, model = self._index, self._placing, key.model
+        host = self._chooser.choose(
+            usable,
+            model,
+            leases=lambda h: index.count(h, model) + placing[(h, model)],
+            batch=key.route,
+            home=home,
+        )
+        if host is None:
+            raise NoHost(key.route, key.model)
+        return Acquired(host, reused=False, pinned=False)
+
     async def acquire(
         self,
         key: Key,

@@ -395,6 +395,20 @@ class Limiter:
             return max(1, self._limit(key) - 1)
         return self._batch_cap(key, slots, DEFAULT_LIMITS, BATCH_RANK)
 
+    def batch_room(self, host: str, model: str, route: str = "") -> int:
+        """Batch requests of `route` that (host, model) could start now under its batch cap,
+        less the batch requests already waiting there: below 0, how far its batch queue runs
+        past what its cap lets run. Where a batch request goes (leases/chooser.py)."""
+        key = (host, model)
+        slots = self._slots.get(key)
+        state = self._routes.get(route)
+        limits = self._limits_of(route, DEFAULT_LIMITS) if state is None else state.limits
+        if slots is None:
+            cap = limits.batch_slots
+            return max(1, self._limit(key) - 1) if cap is None else cap
+        cap = self._batch_cap(key, slots, limits, BATCH_RANK)
+        return cap - slots.by_class[BATCH_RANK] - slots.waiting_by_class[BATCH_RANK]
+
     def queued_by_route(self, host: str, model: str) -> dict[str, int]:
         """Waiters of (host, model) per route name ("" for requests that named none)."""
         slots = self._slots.get((host, model))

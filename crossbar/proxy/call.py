@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attrs import frozen
 
-from crossbar.config import Route
+from crossbar.config import BATCH, STANDARD, Route
 from crossbar.leases import Key
 from crossbar.wire import Dialect, Inbound, Kind
 
@@ -39,6 +39,12 @@ class Call:
     # The fingerprint before a named key scoped it (fingerprint.scoped): the key a version
     # without scoping gave the conversation ("" when it is key.fp, or there is none).
     unscoped: str = ""
+    request_class: str = STANDARD  # its class (proxy/classes.py), once known
+
+    @property
+    def batch(self) -> bool:
+        """A batch request: placed where batch has room, never by or onto a lease."""
+        return self.request_class == BATCH
 
     @property
     def conversation(self) -> bool:

@@ -83,3 +83,14 @@ def opening_digest(body: Any, dialect: Dialect, chars: int = 4096) -> str:
     if prompt:
         return _digest("prompt", prompt[:chars])
     return ""
+
+
+def system_digest(body: Any, dialect: Dialect) -> str:
+    """The leading system (or developer) messages of `body`'s conversation opening, hashed:
+    the prefix a batch's requests share when they differ only in what they ask; "" when the
+    opening has none."""
+    if not isinstance(body, dict):
+        return ""
+    opening = dialect.opening(body)
+    system = [m for m in opening or () if m["role"] != "user"]  # the opening's leading ones
+    return _digest("system", canonical(system)) if system else ""

@@ -18,6 +18,10 @@ Which requests make which lease (docs/architecture.md, "Which requests make a le
 - a conversation whose router-mode host unloaded its model since its last turn has lost its
   cache there: its next turn follows the model to a host that has it loaded, if one does
   (event reason `unloaded`), else stays and has it loaded back (loaded.py);
+- a batch request (proxy/classes.py) makes no lease and moves none: it runs where its key's
+  lease already is, when its host is healthy and not draining, else where the batch cap lets it
+  start soonest, the host its shared system prompt last went to first (leases/table.py
+  `Table.spare`); what it caches there teaches nothing of any conversation;
 - a named key's conversation with no lease of its own, whose fingerprint before the key scoped
   it (fingerprint.scoped) has a lease made before this instance started (by a version that did
   not scope it), gets a new lease on that lease's host if it can take new ones: the first turn
@@ -26,16 +30,21 @@ Which requests make which lease (docs/architecture.md, "Which requests make a le
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, Lease, Table, Warmth
 from crossbar.proxy.call import Call
+from crossbar.proxy.fingerprint import system_digest
 from crossbar.proxy.loaded import LoadedModels
 from crossbar.wire import Kind, Tokens
 
 log = Logger(namespace="crossbar.placement")
+
+_BATCH_HOMES = 4096  # shared system prompts whose batch home is remembered
 
 
 def refusal(status: int) -> bool:
@@ -62,6 +71,11 @@ class Placement:
         self._clock = clock
         self._models = models
         self._started = clock.seconds()  # leases made before this were made without scoping
+        # (route, model, shared system prompt's digest) -> the host its batch requests last
+        # went to: a batch sharing a system prompt keeps it cached on one host. In memory, as
+        # the least recently placed fall out: a batch request placed elsewhere costs one
+        # prefill of its system prompt, never a conversation's.
+        self._batch_homes: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
     @property
     def warmth(self) -> Warmth:
@@ -88,6 +102,8 @@ class Placement:
         if call.origin is not None and self._hosts.healthy(call.origin):
             pinned = table.pinned(key.route) is not None
             return Acquired(call.origin, reused=True, pinned=pinned)
+        if call.batch:
+            return self._place_batch(call)
         peers = call.route.peers
         if not call.conversation:
             # Nothing to keep anywhere: where the route lease is, else where a new lease would
@@ -113,6 +129,19 @@ class Placement:
                     return moved
         warm = self._unscoped_host(call)
         return await table.acquire(key, call.candidates, now, peers, call.need, warm)
+
+    def _place_batch(self, call: Call) -> Acquired:
+        """A batch request's host (`Table.spare`), its shared system prompt's home remembered."""
+        key, homes = call.key, self._batch_homes
+        prefix = system_digest(call.inbound.body, call.dialect)
+        home_key = (key.route, key.model, prefix)
+        acquired = self._table.spare(key, call.candidates, homes.get(home_key) if prefix else None)
+        if prefix and not acquired.pinned and not acquired.reused:
+            homes[home_key] = acquired.host
+            homes.move_to_end(home_key)
+            if len(homes) > _BATCH_HOMES:
+                homes.popitem(last=False)
+        return acquired
 
     def _unscoped_host(self, call: Call) -> str | None:
         """The host of the lease a version without tenant-scoped fingerprints made for this
@@ -173,6 +202,8 @@ class Placement:
             return
         if status != 200 or call.kind is not Kind.INFERENCE or not call.key.fp:
             return  # a route lease is many conversations': no prefix of its own to lose
+        if call.batch:
+            return  # not a turn of the conversation whose lease it may have run beside
         lease = self._table.lease(call.key)
         if lease is not None and lease.host == acquired.host:
             self._warmth.turn(lease, tokens.prompt, tokens.cached, tokens.completion, call.opening)

@@ -283,6 +283,7 @@ class ProxyResource(Resource):
         if kind is Kind.INFERENCE:
             headers = request.requestHeaders
             ex.request_class = request_class(headers, call.inbound.body, route, key)
+            call = evolve(call, request_class=ex.request_class)
             request.responseHeaders.setRawHeaders(b"X-Crossbar-Class", [ex.request_class.encode()])
         try:
             check_model_scope(key, route, call.model)
@@ -305,7 +306,8 @@ class ProxyResource(Resource):
             # What was delivered, however the answer ended (an answer relayed whole settled
             # already, before its request finished: a no-op then).
             self._settle(charged, ex.tokens)
-        gate.answered(served.key, ex, served.inbound)
+        if not served.batch:  # a batch request is no turn of a conversation to hand off
+            gate.answered(served.key, ex, served.inbound)
 
     async def _fall_back(
         self,

@@ -92,6 +92,9 @@ class Capacity:
     def queued(self, host: str, model: str) -> int:
         return 0
 
+    def batch_room(self, host: str, model: str, route: str = "") -> int:
+        return 1
+
 
 def test_new_conversations_avoid_a_held_host_and_old_ones_go_back_to_it():
     hosts = FakeHosts()

@@ -1,6 +1,7 @@
 """The chooser: not held down, then what running the model takes (router mode), then room to
 stay warm, then peers, then lowest leases/parallel (placements under
-way counted), then what each host is doing now, then most free slots, then config order."""
+way counted), then what each host is doing now, then most free slots, then config order. A
+batch request, with no conversation to keep warm, goes by its room under the batch cap."""
 
 import pytest_twisted
 
@@ -210,3 +211,34 @@ def test_where_every_host_must_unload_a_model_the_least_wanted_one_goes():
     v = [HostView("a", False, 0, 2, 2, tier=EVICTS, evicts=4),
          HostView("b", False, 0, 2, 2, tier=EVICTS, evicts=1)]  # fmt: skip
     assert pick(v) == "b"
+
+
+def batch(name: str, room: int, leases: int = 0, **kw) -> HostView:
+    return HostView(name, False, leases, 2, 0, batch_room=room, **kw)
+
+
+def test_a_batch_request_goes_where_its_cap_has_room_not_where_leases_are_fewest():
+    assert pick([batch("a", 0, leases=0), batch("b", 2, leases=9)]) == "b"
+
+
+def test_a_batch_request_keeps_to_its_system_prompts_home_while_it_can_start_there():
+    assert pick([batch("a", 2), batch("b", 1, home=True)]) == "b"
+    assert pick([batch("a", 1), batch("b", 0, home=True)]) == "a"  # home is full: start now
+
+
+def test_where_no_host_can_start_it_the_shortest_batch_queue_wins_then_home():
+    assert pick([batch("a", -3, home=True), batch("b", -1)]) == "b"
+    assert pick([batch("a", -1), batch("b", -1, home=True)]) == "b"
+
+
+def test_a_batch_request_never_takes_a_worse_tier_or_a_held_host_for_room():
+    assert pick([batch("a", 5, tier=EVICTS), batch("b", -2, tier=LOADED)]) == "b"
+    assert pick([batch("a", 5, held=True), batch("b", -2)]) == "b"
+
+
+def test_the_chooser_asks_the_capacity_for_batch_room_only_for_a_batch_request():
+    capacity = FakeCapacity(parallel_of={"a": 2, "b": 2}, free={"a": 0, "b": 2})
+    chooser = Chooser(capacity)
+    crowded = {"a": 0, "b": 5}
+    assert chooser.choose(["a", "b"], "m", leases=crowded.get, batch="bulk") == "b"
+    assert chooser.choose(["a", "b"], "m", leases=crowded.get) == "a"

@@ -133,3 +133,17 @@ def test_a_batch_waiter_held_by_the_turns_takes_the_slot_when_their_window_passe
     assert old.waiting  # the slot stays the turns' within the window (10 s)
     f.clock.advance(10)
     assert old.release  # the window passed: no event but time, and batch takes it
+
+
+def test_batch_room_is_what_the_cap_lets_start_now_less_the_batch_already_waiting():
+    f = Fixture(parallel=4)
+    assert f.limiter.batch_room(H, M, "convo") == 3  # nothing asked yet: all slots but one
+    assert f.limiter.batch_room(H, M, "bulk") == 1  # the route's own batch_slots
+    turns = [f.acquire(INTERACTIVE) for _ in range(2)]
+    assert f.limiter.batch_room(H, M, "convo") == 2  # the cap follows the turns
+    flood = [f.acquire(BATCH) for _ in range(5)]
+    assert sum(1 for o in flood if o.release) == 2
+    assert f.limiter.batch_room(H, M, "convo") == -3  # three wait past the cap
+    for turn in turns:
+        turn.release()
+    assert f.limiter.batch_room(H, M, "convo") == -3  # the turns' window still holds

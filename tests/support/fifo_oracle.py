@@ -173,6 +173,9 @@ class FifoLimiter:
         slots = self._slots.get((host, model))
         return 0 if slots is None else len(slots.waiters)
 
+    def batch_room(self, host: str, model: str, route: str = "") -> int:
+        return self.free_slots(host, model) - self.queued(host, model)
+
     def snapshot(self) -> list[SlotState]:
         """Every (host, model) seen so far, sorted by host then model."""
         states = []

@@ -250,6 +250,9 @@ class FakeCapacity:
     def queued(self, host: str, model: str) -> int:
         return self.waiting.get(host, 0)
 
+    def batch_room(self, host: str, model: str, route: str = "") -> int:
+        return self.free_slots(host, model) - self.queued(host, model)
+
 
 async def make_table(
     store: Any,
