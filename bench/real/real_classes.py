@@ -2,7 +2,8 @@
 the fleet beside them, in each way crossbar can be set up for it.
 
     .venv/bin/python bench/real/real_classes.py [--layouts alone,default,routes,classes]
-        [--runs 3] [--crossbar-python .venv/bin/python] [--json]
+        [--runs 3] [--crossbar-python .venv/bin/python]
+        [--before-python ../before/.venv/bin/python] [--json]
 
 Each run starts 2 llama-servers afresh (`-np 2 -c 8192 -t 1 --cache-ram 24 --no-repack`;
 LLAMA_SERVER and LLAMA_MODEL, else `make real`'s build) and crossbar (`twistd -n crossbar`) in
@@ -22,7 +23,9 @@ The layouts:
 - `classes`: the batch on the agents' route, marked `service_tier: "flex"` (class batch): it
   queues after every turn and holds what the turns leave of a host (`batch_slots` unset);
 - `yielding`: the same with `batch_yield_after = "200ms"` on the route: a batch item running
-  when a turn has waited 200 ms behind it is stopped and sent again.
+  when a turn has waited 200 ms behind it is stopped and sent again;
+- `classes-before`, `yielding-before`: those two with crossbar from `--before-python`'s venv
+  (an earlier build, to compare placement; skipped without it).
 
 Printed per layout over `--runs` runs (the layouts' order reversed every other run): the agents'
 time to first token p50 and p99 over their later turns (2 to 5), their turn p99, the batch's
@@ -68,7 +71,9 @@ from bench.real.real_models import (
 from crossbar.demo.plan import DemoError
 from crossbar.demo.processes import Process, Processes, stop
 
-LAYOUTS = ("alone", "default", "routes", "classes", "yielding")
+LAYOUTS = ("alone", "default", "routes", "classes", "yielding", "classes-before",
+           "yielding-before")  # fmt: skip
+BEFORE = "-before"  # a layout run by --before-python's crossbar
 AGENTS, TURNS, THINK, AGENT_TOKENS = 3, 5, 0.5, 32
 BATCH_ITEMS, BATCH_AT_ONCE, BATCH_TOKENS, BATCH_LEAD = 24, 6, 128, 1.0
 ANSWER_SECONDS = 300.0
@@ -130,6 +135,7 @@ async def start_fleet(
         await wait_http(reactor, process, f"{url}/health", lambda s, _b: s == 200, START_SECONDS,
                         "start")  # fmt: skip
     listen, admin = sitting.ports.take(2)
+    layout, before = layout.removesuffix(BEFORE), layout.endswith(BEFORE)
     agents_keys, batch_keys = ROUTE_KEYS.get(layout, ("", ""))
     text = CONFIG.format(
         listen=listen,
@@ -145,7 +151,7 @@ async def start_fleet(
     )
     config = sitting.work / f"{label}-crossbar.toml"
     config.write_text(text)
-    twistd = str(Path(args.crossbar_python).parent / "twistd")
+    twistd = str(Path(args.before_python if before else args.crossbar_python).parent / "twistd")
     process = processes.start(f"{label}-crossbar", [twistd, "-n", "--pidfile=", "crossbar", "-c",
                                                     str(config)])  # fmt: skip
 
@@ -228,7 +234,7 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
         phases = [Phase("agents", tuple(range(AGENTS)), thinks, AGENTS)]
         batch = None
         if layout != "alone":
-            flex = layout in ("classes", "yielding")
+            flex = layout.removesuffix(BEFORE) in ("classes", "yielding")
             batch = defer.ensureDeferred(run_batch(reactor, batch_url, flex))
             await task.deferLater(reactor, BATCH_LEAD, lambda: None)
         results: list[TurnResult] = await run_phases(
@@ -298,9 +304,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--crossbar-python", default=sys.executable,
                    help="the Python of the venv whose twistd runs crossbar")  # fmt: skip
+    p.add_argument("--before-python", default="",
+                   help="an earlier build's venv Python, for -before layouts")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
     args = p.parse_args(argv)
     args.layouts = [x.strip() for x in args.layouts.split(",") if x.strip()]
+    if not args.before_python:  # said in the docstring: skipped without it
+        args.layouts = [x for x in args.layouts if not x.endswith(BEFORE)]
     if set(args.layouts) - set(LAYOUTS) or args.runs < 1:
         p.error(f"--layouts of {list(LAYOUTS)}; --runs at least 1")
     args.llama_server = os.environ.get("LLAMA_SERVER") or str(LLAMA_SERVER)
@@ -317,6 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; "
           f"{os.cpu_count()} cores", file=out)  # fmt: skip
     print(f"crossbar from {crossbar_checkout(args.crossbar_python)}", file=out)
+    if args.before_python:
+        print(f"before from {crossbar_checkout(args.before_python)}", file=out)
 
     def body(processes: Processes, work: Path) -> int:
         print(f"logs of every process in {work}", file=out, flush=True)

@@ -112,6 +112,7 @@ class Route:
             max_in_flight=self.max_in_flight,
             max_queued=self.max_queued,
             batch_slots=self.batch_slots,
+            batch_yields=self.batch_yield_after is not None,
         )
 
     def alias(self, name: str) -> str | None:
