@@ -101,3 +101,21 @@ def learn(
         return 0.0
     waited = ex.first_byte - min(sent, loading) - prefill_s - (0.0 if ex.stream else decode_s)
     return max(0.0, waited - rates.overhead(ex.host, call.model))
+
+
+def stopped_run(
+    rates: Rates, host: str, model: str, prompt: int, cached: int, seconds: float,
+    limit: int | None,
+) -> tuple[int, int, int]:  # fmt: skip
+    """What a run stopped after `seconds` on `host` did, by the host's learned pace (it never
+    said): (prompt tokens read, of them cached, output tokens written). It read the uncached
+    part of `prompt` at its prefill rate after its overhead, then wrote at its decode rate,
+    never past `limit`."""
+    busy = max(0.0, seconds - rates.overhead(host, model))
+    uncached = max(0, prompt - cached)
+    read = min(uncached, int(busy * rates.prefill(host, model)))
+    writing = busy - uncached / rates.prefill(host, model) if read == uncached else 0.0
+    written = int(max(0.0, writing) * rates.decode(host, model))
+    if limit is not None:
+        written = min(written, limit)
+    return min(cached, prompt) + read, min(cached, prompt), written

@@ -473,6 +473,7 @@ class ProxyResource(Resource):
                 if not yielded:
                     raise  # the client left
                 stopped += 1  # stopped for a turn: nothing reached the client; again, first
+                self._charge_stopped(call, acquired, charged, host, exact, sent)
                 continue
             except UpstreamFailure as failure:
                 release()
@@ -592,6 +593,22 @@ class ProxyResource(Resource):
             return meter.admit(key, estimate, self._clock.seconds(), prompt, cached)
         except OverLimit as e:
             raise for_key(e) from None
+
+    def _charge_stopped(
+        self, call: Call, acquired: Acquired, charged: list[Reservation] | None, host: str,
+        exact: int | None, sent: float,
+    ) -> None:  # fmt: skip
+        """A batch request was stopped for a waiting turn: its key pays what the stopped run
+        did, by its host's pace (`pace.stopped_run`), besides the run that answers."""
+        if not charged:
+            return
+        now = self._clock.seconds()
+        prompt = exact if exact is not None else call.need
+        cached = min(prompt, self._placement.expected_cached(call, acquired))
+        rates, limit = self._limiter.rates, pace.output_limit(call)
+        ran = pace.stopped_run(rates, host, call.model, prompt, cached, now - sent, limit)
+        for reservation in charged:
+            reservation.ran(*ran, now)
 
     async def _check_context(self, call: Call, host: str, ex: Exchange) -> int | None:
         """Refuse what cannot fit in the host's slot before anything goes upstream

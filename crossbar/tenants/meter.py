@@ -225,6 +225,15 @@ class Reservation:
         cost = self.limits.cost(prompt, cached, completion)
         return self._meter._settle(self, cost, now, completion if completion or prompt else None)
 
+    def ran(self, prompt: int, cached: int, completion: int, now: float) -> float:
+        """Charge, besides the answer this reservation settles, a run of the request that was
+        stopped before it answered (a batch request stopped for a waiting turn): the host read
+        `prompt` (`cached` of it cached) and wrote about `completion` for it. Never refused:
+        the work is done. Returns its cost."""
+        cost = self.limits.cost(prompt, cached, completion)
+        self._meter._spend(self, cost, now)
+        return cost
+
     def keep(self, now: float) -> float:
         """Settle at the estimate: the host's counts were refused (wire/reported.py), so the
         key pays what the request was expected to cost, never a refund on a host's word, and
@@ -408,6 +417,18 @@ class KeyMeter:
                 float(completion) if mean is None else mean + _MEAN_WEIGHT * (completion - mean)
             )
         return cost
+
+    def _spend(self, r: Reservation, cost: float, now: float) -> None:
+        """`r`'s key spent `cost` more than it reserved: a run that answered nothing."""
+        state = self._state(r.name)
+        if r.limits.tpm is not None:
+            state.tpm.take(cost, r.limits.tpm * self.share.fraction(), now)
+        day, month = period_ids(now)
+        for budget, period in ((state.day, day), (state.month, month)):
+            if budget.period != period:
+                budget.roll(period)
+            budget.spent += cost
+        state.minute.append((now, cost))
 
     # -- several instances
 

@@ -186,3 +186,26 @@ def test_a_streamed_batch_request_is_never_stopped():
     turn = ask(crossbar, None, **{"X-Crossbar-Class": "interactive"})
     crossbar.net.run(5)
     assert len(held) == 1 and not held[0].lost and turn.status is None
+
+
+def test_a_stopped_batch_run_is_charged_to_its_key_beside_the_run_that_answered():
+    routes = {name: {**route, "auth": "keys"} for name, route in YIELDING.items()}
+    keys = {"ci": {"secret": CI, "routes": ["convo", "bulk"], "class": "batch"}}
+    crossbar = start(routes, hosts=("titan",), parallel=1, keys=keys)
+    held: list[Any] = []
+    crossbar.net.on_request["titan"] = held.append
+    meter, ci = crossbar.parts.tenants.meter, crossbar.parts.tenants.book.get("ci")
+    item = ask(crossbar, CI, route="bulk")
+    ask(crossbar, CI, **{"X-Crossbar-Class": "interactive"})
+    crossbar.net.run(1.1)
+    assert held[0].lost  # stopped after 1.1 s on the host
+    held[1].answer(ANSWER)
+    crossbar.net.run(11)
+    held[2].answer(ANSWER)
+    crossbar.net.flush()
+    assert item.status == 200
+    used = meter.status(ci, crossbar.net.clock.seconds())["tokens_today"]
+    answered = 5 + 5  # the turn's answer and the item's, 5 prompt tokens each
+    # The stopped run read its prompt and wrote for about a second at the default pace of 30
+    # tokens a second (this host never taught crossbar its own): it is paid for too.
+    assert used - answered >= 30
