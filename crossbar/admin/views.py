@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from crossbar.admin.facts import RouteFacts
-from crossbar.config import Config, Route, parse_duration
+from crossbar.config import RANK, Config, Route, parse_duration
 from crossbar.hosts import Hosts
 from crossbar.leases import Lease, Table, Warmth
 from crossbar.limiter import Limiter, RouteState
@@ -90,6 +90,15 @@ def _sharing(config: Config, route: Route | None, state: RouteState | None) -> d
         ),
         "in_flight": state.in_flight if state is not None else 0,
         "queued": state.queued if state is not None else 0,
+        "classes": {
+            name: {
+                "in_flight": state.by_class[rank] if state is not None else 0,
+                "queued": state.waiting_by_class[rank] if state is not None else 0,
+            }
+            for name, rank in RANK.items()
+        },
+        "class": route.request_class if route is not None else None,
+        "batch_slots": limits.batch_slots if limits is not None else None,
     }
 
 

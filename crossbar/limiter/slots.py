@@ -179,6 +179,7 @@ class Limiter:
             slots.by_class[klass] += 1
             self._note_turns(slots, klass)
             state.held += 1
+            state.by_class[klass] += 1
             self._start(key, slots, work)
             return succeed(self._release(key, slots, state, False, work, klass))
         name, bound = state.name, state.limits.queued_bound(self._queue_max)
@@ -203,6 +204,7 @@ class Limiter:
         slots.waiters.push(waiter)
         slots.waiting_by_class[klass] += 1
         state.waiting[key] += 1
+        state.waiting_by_class[klass] += 1
         if work is not None:
             waiter.work = work
             self._waiting[work] = waiter
@@ -493,7 +495,14 @@ class Limiter:
 
     @staticmethod
     def _route_state(state: RouteEntry) -> RouteState:
-        return RouteState(state.limits, state.in_flight, state.tracked, sum(state.waiting.values()))
+        return RouteState(
+            state.limits,
+            state.in_flight,
+            state.tracked,
+            sum(state.waiting.values()),
+            (state.by_class[0], state.by_class[1], state.by_class[2]),
+            (state.waiting_by_class[0], state.waiting_by_class[1], state.waiting_by_class[2]),
+        )
 
     def _route_limits(self, name: str) -> RouteLimits:
         # Every queued waiter's route has an entry: a route with waiters is never idle.
@@ -694,6 +703,7 @@ class Limiter:
                 slots.held -= 1
                 slots.by_class[klass] -= 1
                 state.held -= 1
+                state.by_class[klass] -= 1
             held_for = self._clock.seconds() - started
             if work is not None:
                 slots.running.discard(work)
@@ -736,7 +746,7 @@ class Limiter:
             if gate is not None:
                 gate.enter(*key)
             state = self._routes[waiter.route]
-            self._unwait(state, key)
+            self._unwait(state, key, waiter.klass)
             assert waiter.timer is not None and waiter.deferred is not None
             waiter.timer.cancel()
             slots.held += 1
@@ -745,6 +755,7 @@ class Limiter:
             slots.waiting_by_class[waiter.klass] -= 1
             self._note_turns(slots, waiter.klass)
             state.held += 1
+            state.by_class[waiter.klass] += 1
             slots.wait_seconds += self._clock.seconds() - waiter.enqueued
             work = waiter.work
             if work is not None:
@@ -753,7 +764,8 @@ class Limiter:
             # State is settled before the callback: it may re-enter (release, acquire).
             waiter.deferred.callback(self._release(key, slots, state, False, work, waiter.klass))
 
-    def _unwait(self, state: RouteEntry, key: Pair) -> None:
+    def _unwait(self, state: RouteEntry, key: Pair, klass: int) -> None:
+        state.waiting_by_class[klass] -= 1
         state.waiting[key] -= 1
         if not state.waiting[key]:
             del state.waiting[key]
@@ -766,7 +778,7 @@ class Limiter:
         if not waiter.withdrawn:
             slots.cancelled += 1
         state = self._routes[waiter.route]
-        self._unwait(state, key)
+        self._unwait(state, key, waiter.klass)
         self._forget_if_idle(state)
         assert waiter.timer is not None
         waiter.timer.cancel()
@@ -783,7 +795,7 @@ class Limiter:
         slots.waiting_by_class[waiter.klass] -= 1
         slots.timed_out += 1
         state = self._routes[waiter.route]
-        self._unwait(state, key)
+        self._unwait(state, key, waiter.klass)
         self._forget_if_idle(state)
         self._unqueue(waiter)
         self._moved_on(key)

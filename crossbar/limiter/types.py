@@ -69,6 +69,9 @@ class RouteState:
     in_flight: int  # acquired and tracked requests
     tracked: int
     queued: int
+    # Held slots and waiters per request class rank (batch, standard, interactive).
+    by_class: tuple[int, int, int] = (0, 0, 0)
+    waiting_by_class: tuple[int, int, int] = (0, 0, 0)
 
 
 def _nothing_streamed() -> int:
@@ -122,6 +125,8 @@ class RouteEntry:
     held: int = 0
     tracked: int = 0
     waiting: Counter[Pair] = field(factory=Counter)  # waiters per (host, model)
+    by_class: list[int] = field(factory=lambda: [0, 0, 0])  # held slots per class rank
+    waiting_by_class: list[int] = field(factory=lambda: [0, 0, 0])  # waiters per own class
 
     @property
     def in_flight(self) -> int:

@@ -62,6 +62,10 @@ async def test_routes_hosts_and_metrics_show_each_routes_share_while_it_waits(cr
     assert share("ide") == (0, None, None, None, 0, 0)
     assert share("proj-alpha") == (-1, None, None, 64, 0, 1)  # seen: it waits in the queue
     assert routes["proj-alpha"]["template"] == "projects"
+    # Per request class, by the class each request runs at (all standard here).
+    assert routes["batch"]["classes"]["standard"] == {"in_flight": 1, "queued": 1}
+    assert routes["batch"]["classes"]["batch"] == {"in_flight": 0, "queued": 0}
+    assert routes["batch"]["class"] == "standard" and routes["batch"]["batch_slots"] is None
 
     (titan,) = (await crossbar.get("/api/hosts"))["hosts"]
     (model,) = titan["models"]

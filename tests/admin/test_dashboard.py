@@ -123,6 +123,7 @@ async def test_the_dashboard_shows_each_routes_share_and_who_waits(crossbar, tmp
     cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
     # priority, weight, max in flight, max queued, in flight, queued
     assert cells[6:12] == ["0", "shared", "\u2013", "64", "2", "1"]  # an en dash: no cap
+    assert ">standard 2 +1<" in cells[12]  # by class: two standard requests run, one waits
 
 
 @pytest_twisted.ensureDeferred

@@ -112,7 +112,8 @@ function byClass(m) {
   const busy = ["interactive", "standard", "batch"]
     .filter((c) => m.classes[c].in_flight || m.classes[c].queued)
     .map((c) => `${c} ${m.classes[c].in_flight}` + (m.classes[c].queued ? ` +${m.classes[c].queued}` : ""));
-  return el("span", { title: `batch may hold ${m.batch_slots} of its slots` },
+  const cap = m.batch_slots === null ? "what the turns leave" : `${m.batch_slots}`;
+  return el("span", { title: `batch may hold ${cap} of its slots` },
     busy.length ? busy.join(" · ") : "idle");
 }
 
@@ -212,12 +213,13 @@ function renderRoutes(answer) {
   $("route-count").textContent = `${num(answer.total)}`;
   pager("route-pager", "routes", answer);
   fill("routes", ["route", "from", "hosts", "pinned", "leases", "requests 24h", "priority", "weight",
-                  "max in flight", "max queued", "in flight", "queued", ""], routes.map((r) =>
+                  "max in flight", "max queued", "in flight", "queued", "by class", ""], routes.map((r) =>
     el("tr", { "data-route": r.name }, td(r.name),
       td(r.served ? (r.template ? `template ${r.template}` : "config") : "not in config", "muted"),
       td(r.hosts.join(", ")), td(r.pinned || "–"), td(r.leases, "num"), td(num(r.requests), "num"),
       td(num(r.priority), "num"), td(share(r), "num"), td(num(r.max_in_flight), "num"),
       td(num(r.max_queued), "num"), td(num(r.in_flight), "num"), td(num(r.queued), "num"),
+      td(byClass(r), "classes"),
       td(r.leases ? el("button", { type: "button", onclick: () => act("DELETE", `/api/routes/${encodeURIComponent(r.name)}/leases`, `Release all ${r.leases} leases of route ${r.name}? Their next requests may land on other hosts and re-read their prompts.`) }, "release") : ""))),
     "no routes");
 }
