@@ -173,6 +173,24 @@ class Section:
 
         return self._take(key, default, check)
 
+    def duration_or_off(self, key: str, default: float | None) -> float | None:
+        """A duration longer than zero, or `false`: never (None)."""
+
+        def check(v: Any) -> float | None:
+            if v is False:
+                return None
+            if not isinstance(v, str):
+                raise ValueError(
+                    f'must be a duration string such as "200ms", or false, not {type_name(v)} '
+                    f"{quote(v)}"
+                )
+            seconds = parse_duration(v)
+            if seconds <= 0:
+                raise ValueError(f"must be longer than zero (false: never), not {quote(v)}")
+            return seconds
+
+        return self._take(key, default, check)
+
     def size(self, key: str, default: int, minimum: int = 1) -> int:
         def check(v: Any) -> int:
             n = parse_size(v)

@@ -35,9 +35,6 @@ class RouteLimits:
     # The most slots of a (host, model) its batch requests may hold; None: what the turns
     # leave (limiter/slots.py `_batch_cap`).
     batch_slots: int | None = None
-    # Its batch requests may be stopped for a waiting turn (`batch_yield_after` set): while no
-    # turns came, the default cap is then every slot, not every slot but one.
-    batch_yields: bool = False
 
     def queued_bound(self, queue_max: int) -> int:
         """The most waiters this route may have per (host, model)."""

@@ -14,6 +14,9 @@ from crossbar.config.limits import PRIORITY_MAX, PRIORITY_MIN, WEIGHT_MAX, WEIGH
 AFFINITIES = ("conversation", "route")
 AUTHS = ("", "keys")  # "": the route's own `keys` list, if any; "keys": named keys too
 UNKNOWN_MODELS = ("error", "default")
+# A turn that waited this long behind a running batch request stops it (measured: the agents'
+# TTFT p99 beside a batch flood as low as theirs alone; docs/performance.md, "Request classes").
+BATCH_YIELD_AFTER = 0.2
 # The keys that shape a route's place in the slot queues; meaningless where it never queues.
 SHARING_KEYS = (
     "priority",
@@ -56,8 +59,8 @@ class Route:
     batch_slots: int | None = None
     # A batch request of the route, not streamed and not yet answered, is stopped (and sent
     # again, first among batch) when a turn (interactive or standard) has waited this long
-    # behind it on its host; None: never.
-    batch_yield_after: float | None = None
+    # behind it on its host; None: never (`false`).
+    batch_yield_after: float | None = BATCH_YIELD_AFTER
     rebalance: bool = False  # move idle conversations off a host whose queue stays full
     rebalance_after: float = 30.0  # how long a queue must stay non-empty
     rebalance_idle: float = 20.0  # only conversations idle this long move
@@ -112,7 +115,6 @@ class Route:
             max_in_flight=self.max_in_flight,
             max_queued=self.max_queued,
             batch_slots=self.batch_slots,
-            batch_yields=self.batch_yield_after is not None,
         )
 
     def alias(self, name: str) -> str | None:
@@ -193,7 +195,7 @@ def read_route_body(table: Section, name: str) -> Route:
         max_queued=table.integer("max_queued", None, minimum=0),
         request_class=request_class,
         batch_slots=table.integer("batch_slots", None, minimum=1),
-        batch_yield_after=table.duration("batch_yield_after", None),  # type: ignore[arg-type]
+        batch_yield_after=table.duration_or_off("batch_yield_after", BATCH_YIELD_AFTER),
         aliases=table.string_table("aliases"),
         unknown_model=unknown_model,
         cors_origins=_read_origins(table),

@@ -406,9 +406,8 @@ class Limiter:
         state = self._routes.get(route)
         limits = self._limits_of(route, DEFAULT_LIMITS) if state is None else state.limits
         if slots is None:
-            if limits.batch_slots is not None:
-                return limits.batch_slots
-            return self._limit(key) if limits.batch_yields else max(1, self._limit(key) - 1)
+            cap = limits.batch_slots
+            return max(1, self._limit(key) - 1) if cap is None else cap
         cap = self._batch_cap(key, slots, limits, BATCH_RANK)
         return cap - slots.by_class[BATCH_RANK] - slots.waiting_by_class[BATCH_RANK]
 
@@ -533,8 +532,7 @@ class Limiter:
         """The slots of `key` batch may hold: the route's `batch_slots` when it sets them;
         else what the other classes leave: every slot but the most interactive and standard
         requests held at once within RESERVE_WINDOW (or running and waiting now), at least
-        one slot left them; while none came, every slot but one, or every slot for a route
-        whose batch requests yield (a turn that arrives stops one). A batch waiter aged to the
+        one slot left them; every slot but one while none came. A batch waiter aged to the
         top class may take one slot whatever they hold: no batch waits for ever."""
         limit = self._limit(key)
         if limits.batch_slots is not None:
@@ -543,10 +541,7 @@ class Limiter:
         now_ = by[STANDARD_RANK] + by[INTERACTIVE_RANK]
         now_ += waiting[STANDARD_RANK] + waiting[INTERACTIVE_RANK]
         recent = max(now_, self._turns_recent(slots))
-        if recent:
-            cap = max(0, limit - recent)
-        else:  # a turn arriving stops a yielding batch request; else a slot stays free for it
-            cap = limit if limits.batch_yields else max(1, limit - 1)
+        cap = max(1, limit - 1) if recent == 0 else max(0, limit - recent)
         return max(cap, 1) if rank >= INTERACTIVE_RANK else cap
 
     def _rewake(self, key: Pair, slots: SlotEntry) -> None:

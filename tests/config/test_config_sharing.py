@@ -105,3 +105,21 @@ def test_template_errors_name_the_template():
         "templates.batch.weight: must be larger than zero, not 0",
         "templates.batch.weight: needs queue = true",
     ]
+
+
+def test_batch_yields_after_200ms_unless_a_route_says_otherwise_or_false():
+    assert route().batch_yield_after == 0.2
+    assert route(batch_yield_after="2s").batch_yield_after == 2.0
+    assert route(batch_yield_after=False).batch_yield_after is None  # never
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("0s", 'must be longer than zero (false: never), not "0s"'),
+        (True, 'must be a duration string such as "200ms", or false, not a boolean true'),
+        (5, 'must be a duration string such as "200ms", or false, not an integer 5'),
+    ],
+)
+def test_a_bad_batch_yield_after_is_reported_under_its_dotted_path(value, message):
+    assert errors_of(batch_yield_after=value) == [f"routes.r.batch_yield_after: {message}"]

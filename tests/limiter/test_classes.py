@@ -26,7 +26,6 @@ class Fixture:
                 "routes": {
                     "convo": {"hosts": [H]},
                     "bulk": {"hosts": [H], "batch_slots": 1},
-                    "swarm": {"hosts": [H], "batch_yield_after": "1s"},
                 },
             }
         )
@@ -151,15 +150,3 @@ def test_batch_room_is_what_the_cap_lets_start_now_less_the_batch_already_waitin
     for turn in turns:
         turn.release()
     assert f.limiter.batch_room(H, M, "convo") == -3  # the turns' window still holds
-
-
-def test_a_route_whose_batch_yields_takes_every_slot_while_no_turn_came():
-    f = Fixture(parallel=2)
-    yields = RouteLimits("swarm")  # its config sets batch_yield_after
-    flood = [f.acquire(BATCH, yields) for _ in range(3)]
-    assert [o.release is not None for o in flood] == [True, True, False]  # no slot kept idle
-    turn = f.acquire(INTERACTIVE)  # waits: the yielding rule stops a batch request for it
-    assert turn.waiting
-    flood[0].release()
-    assert turn.release and flood[2].waiting  # the freed slot is the turn's
-    assert f.limiter.batch_room(H, M, "swarm") == -1  # the cap now follows the turns
