@@ -20,12 +20,14 @@ The layouts:
 - `default`: the batch on the agents' route, unmarked (what crossbar did before classes);
 - `routes`: today's way without classes: the batch on a route of its own with `priority = -10`
   and `max_in_flight = 2`, the agents' route `priority = 10`;
-- `classes`: the batch on the agents' route, marked `service_tier: "flex"` (class batch): it
-  queues after every turn and holds what the turns leave of a host (`batch_slots` unset);
-- `yielding`: the same with `batch_yield_after = "200ms"` on the route: a batch item running
-  when a turn has waited 200 ms behind it is stopped and sent again;
-- `classes-before`, `yielding-before`: those two with crossbar from `--before-python`'s venv
-  (an earlier build, to compare placement; skipped without it).
+- `classes`: the batch on the agents' route, marked `service_tier: "flex"` (class batch), at
+  the defaults: it queues after every turn, holds what the turns leave of a host
+  (`batch_slots` unset), goes where that leaves room, and a batch item running when a turn has
+  waited 200 ms behind it is stopped and sent again (`batch_yield_after`);
+- `no-yield`: the same with `batch_yield_after = false`;
+- `classes-before`, `yielding-before`: crossbar from `--before-python`'s venv (an earlier build,
+  to compare: skipped without it), the batch marked as in `classes`, with no key set and with
+  `batch_yield_after = "200ms"`.
 
 Printed per layout over `--runs` runs (the layouts' order reversed every other run): the agents'
 time to first token p50 and p99 over their later turns (2 to 5), their turn p99, the batch's
@@ -71,13 +73,13 @@ from bench.real.real_models import (
 from crossbar.demo.plan import DemoError
 from crossbar.demo.processes import Process, Processes, stop
 
-LAYOUTS = ("alone", "default", "routes", "classes", "yielding", "classes-before",
+LAYOUTS = ("alone", "default", "routes", "classes", "no-yield", "classes-before",
            "yielding-before")  # fmt: skip
 BEFORE = "-before"  # a layout run by --before-python's crossbar
 AGENTS, TURNS, THINK, AGENT_TOKENS = 3, 5, 0.5, 32
 BATCH_ITEMS, BATCH_AT_ONCE, BATCH_TOKENS, BATCH_LEAD = 24, 6, 128, 1.0
 ANSWER_SECONDS = 300.0
-YIELD_AFTER = "200ms"  # the yielding layout's batch_yield_after
+YIELD_AFTER = "200ms"  # the yielding-before layout's batch_yield_after
 
 CONFIG = """\
 [server]
@@ -98,7 +100,8 @@ default_model = "{model}"
 """
 ROUTE_KEYS = {
     "routes": ("priority = 10\n", "priority = -10\nmax_in_flight = 2\n"),
-    "yielding": (f'batch_yield_after = "{YIELD_AFTER}"\n', ""),
+    "yielding": (f'batch_yield_after = "{YIELD_AFTER}"\n', ""),  # as yielding-before
+    "no-yield": ("batch_yield_after = false\n", ""),
 }
 
 
@@ -234,7 +237,7 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
         phases = [Phase("agents", tuple(range(AGENTS)), thinks, AGENTS)]
         batch = None
         if layout != "alone":
-            flex = layout.removesuffix(BEFORE) in ("classes", "yielding")
+            flex = layout.removesuffix(BEFORE) in ("classes", "no-yield", "yielding")
             batch = defer.ensureDeferred(run_batch(reactor, batch_url, flex))
             await task.deferLater(reactor, BATCH_LEAD, lambda: None)
         results: list[TurnResult] = await run_phases(
