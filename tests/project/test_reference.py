@@ -24,7 +24,7 @@ HEADINGS = [
     *("Fingerprints", "Context guard", "Slots", "Store", "Hosts", "Admin API", "Metrics"),
     *("The fake llama-server", "Python shapes"),
 ]
-READERS = ("string", "boolean", "integer", "positive_number", "duration", "size")
+READERS = ("string", "boolean", "integer", "positive_number", "duration", "duration_or_off", "size")
 READERS += ("string_list", "string_table", "url", "raw")
 # A config with one of everything: every reader of every table runs on it.
 EVERYTHING = {
@@ -112,7 +112,7 @@ def documented_default(cell: str, reader: str) -> Any:
     else:
         return _MISSING
     text = literal[1:-1] if literal.startswith('"') and literal.endswith('"') else None
-    if reader == "duration" and text is not None:
+    if reader in ("duration", "duration_or_off") and text is not None:
         return parse_duration(text)
     if reader == "size":
         return parse_size(text if text is not None else int(literal))
