@@ -181,20 +181,10 @@ class Table:
         """Where a request with `key` would go by the acquire rules, creating, moving and
         touching nothing: for calls that must not make a lease (a control call with no
         conversation, such as a web UI's GET /props). Raises PinnedDown or NoHost."""
-        healthy, draining = self._hosts.healthy, self._hosts.draining
-        pin = self.pinned(key.route)
-        if pin is not None and pin in candidates:
-            if not healthy(pin):
-                raise PinnedDown(key.route, pin)
-            return Acquired(pin, reused=True, pinned=True)
-        for held in (self._index.get(key), self._index.get(Key(key.route, "", key.model))):
-            if held is not None and held.host in candidates and healthy(held.host):
-                return Acquired(held.host, reused=True, pinned=False)
-        usable = [h for h in candidates if healthy(h) and not draining(h)]
-        host = self._choose(usable, key.model, peers)
-        if host is None:
-            raise NoHost(key.route, key.model)
-        return Acquired(host, reused=False, pinned=False)
+        standing = self._standing(key, candidates, draining_too=True)
+        if standing is not None:
+            return standing
+        return self._unleased(key, candidates, peers)
 
     def spare(self, key: Key, candidates: Sequence[str], home: str | None = None) -> Acquired:
         """Where a batch request with `key` goes, creating, moving and touching nothing (a
@@ -203,6 +193,15 @@ class Table:
         draining (a session's batch request runs warm beside its turns); else the usable
         host where its batch cap lets it start soonest, `home` (where its shared system
         prompt last went) first (chooser.py). Raises PinnedDown or NoHost."""
+        standing = self._standing(key, candidates, draining_too=False)
+        if standing is not None:
+            return standing
+        return self._unleased(key, candidates, (), batch=True, home=home)
+
+    def _standing(self, key: Key, candidates: Sequence[str], draining_too: bool) -> Acquired | None:
+        """For a request that makes no lease: the route's pin (PinnedDown when its host is
+        down), else the host of the lease `key` or its route holds, when that is a healthy
+        candidate (and not draining, unless `draining_too`); else None."""
         healthy, draining = self._hosts.healthy, self._hosts.draining
         pin = self.pinned(key.route)
         if pin is not None and pin in candidates:
@@ -210,20 +209,19 @@ class Table:
                 raise PinnedDown(key.route, pin)
             return Acquired(pin, reused=True, pinned=True)
         for held in (self._index.get(key), self._index.get(Key(key.route, "", key.model))):
-            if held is not None and held.host in candidates:
-                if healthy(held.host) and not draining(held.host):
+            if held is not None and held.host in candidates and healthy(held.host):
+                if draining_too or not draining(held.host):
                     return Acquired(held.host, reused=True, pinned=False)
+        return None
+
+    def _unleased(
+        self, key: Key, candidates: Sequence[str], peers: Sequence[str], batch: bool = False,
+        home: str | None = None,
+    ) -> Acquired:  # fmt: skip
+        """The chooser's pick of the healthy, non-draining candidates, recording nothing."""
+        healthy, draining = self._hosts.healthy, self._hosts.draining
         usable = [h for h in candidates if healthy(h) and not draining(h)]
-        if not usable:
-            raise NoHost(key.route, key.model)
-        index, placing, model = self._index, self._placing, key.model
-        host = self._chooser.choose(
-            usable,
-            model,
-            leases=lambda h: index.count(h, model) + placing[(h, model)],
-            batch=key.route,
-            home=home,
-        )
+        host = self._choose(usable, key.model, peers, batch=key.route if batch else None, home=home)
         if host is None:
             raise NoHost(key.route, key.model)
         return Acquired(host, reused=False, pinned=False)
@@ -408,6 +406,8 @@ class Table:
         peers: Sequence[str],
         need: int = 0,
         leaving: Lease | None = None,
+        batch: str | None = None,
+        home: str | None = None,
     ) -> str | None:
         if not usable:
             return None
@@ -419,6 +419,8 @@ class Table:
             peers=index.hosts_with_lease(peers, model) if peers else (),
             need=need,
             leaving=leaving,
+            batch=batch,
+            home=home,
         )
 
     def placing(self, host: str, model: str) -> int:

@@ -138,7 +138,7 @@ async def test_the_table_offers_only_usable_candidates_with_their_counts():
     seen = []
 
     class Spy:
-        def choose(self, candidates, model, leases, peers, need, leaving):
+        def choose(self, candidates, model, leases, peers, need, leaving, batch=None, home=None):
             seen.append((list(candidates), model, [leases(h) for h in candidates], set(peers)))
             return candidates[-1]
 
