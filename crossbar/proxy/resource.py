@@ -29,6 +29,7 @@ from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
 from crossbar.proxy.classes import request_class
 from crossbar.proxy.fallback import (
+    HOST_BUSY,
     HOST_REFUSED,
     NO_HOST,
     CannotServe,
@@ -57,6 +58,7 @@ from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
 from crossbar.proxy.valve import Replace, Valve
 from crossbar.tenants import ClientKey, KeyRefused, OverLimit, Reservation, Tenants
 from crossbar.wire import (
+    CONNECTIONS_BUSY,
     INTERNAL,
     OPENAI_CHAT,
     ClientError,
@@ -489,6 +491,8 @@ class ProxyResource(Resource):
                         failed = (host, failure)
                         continue
                     raise cannot_serve(call, acquired.pinned, HOST_REFUSED, error) from None
+                if failure.reason == CONNECTIONS_BUSY:  # the host is as busy as a 503 says
+                    raise cannot_serve(call, acquired.pinned, HOST_BUSY, error) from None
                 raise error from None
             except BaseException:
                 release()

@@ -35,9 +35,17 @@ from crossbar.wire.meter import Tokens
 from crossbar.wire.relay import KeepingRelay, Relay
 from crossbar.wire.reported import MAX_SLOTS, MAX_TOKENS, REPORT_REASONS, count, positive
 from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now
-from crossbar.wire.upstream import Outgoing, Upstream, UpstreamFailure, prepare, renamed_body
+from crossbar.wire.upstream import (
+    CONNECTIONS_BUSY,
+    Outgoing,
+    Upstream,
+    UpstreamFailure,
+    prepare,
+    renamed_body,
+)
 
 __all__ = [
+    "CONNECTIONS_BUSY",
     "INTERNAL",
     "MAX_SLOTS",
     "MAX_TOKENS",

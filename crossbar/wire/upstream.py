@@ -187,6 +187,9 @@ def repeatable(out: Outgoing) -> bool:
     return any(name.lower() in _IDEMPOTENCY_KEYS for name, _ in out.headers)
 
 
+CONNECTIONS_BUSY = "connections busy"  # crossbar's own bound on a host's connections
+
+
 @frozen
 class UpstreamFailure(Exception):
     """No usable answer came from the host; nothing of it reached the client.
@@ -239,7 +242,7 @@ def classify(failure: Failure, reused: bool, late: bool = False) -> UpstreamFail
         return UpstreamFailure("reset", connecting=False, reused=reused)
     if failure.check(ConnectionsBusy):
         # Not the host's doing, and another try would only wait again.
-        return UpstreamFailure("connections busy", connecting=False, detail=str(failure.value))
+        return UpstreamFailure(CONNECTIONS_BUSY, connecting=False, detail=str(failure.value))
     return None
 
 

@@ -214,3 +214,21 @@ def test_a_cancelled_waiter_leaves_the_queue_and_its_timer():
     waiting.cancel()
     assert failed[0].check(CancelledError)
     assert pool.counts("http://host:8080").waiting == 0 and clock.getDelayedCalls() == []
+
+
+def test_a_request_past_the_bound_falls_back_to_another_route_as_from_a_busy_host():
+    routes = {
+        "ctl": {"hosts": ["titan"], "default_model": MODEL, "fallbacks": ["spill"]},
+        "spill": {"hosts": ["atlas"], "default_model": MODEL},
+    }
+    crossbar = start(routes, upstream_max_connections=1, upstream_connect_queue_timeout="3s")
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: None  # thinks, for long
+    net.on_request["atlas"] = lambda host: host.answer(b'{"id": "m1", "content": []}')
+    first = messages(crossbar)
+    second = messages(crossbar)
+    assert open_connections(net) == 1 and second.status is None
+    net.run(3)
+    assert second.status == 200 and second.header(b"x-crossbar-fallback") == b"spill"
+    assert crossbar.store.usage[-1].fallback_reason == "host_busy"
+    assert crossbar.parts.hosts.healthy("titan") and first.status is None
