@@ -36,6 +36,7 @@ COMPILED = (
     "crossbar.wire.headers",
     "crossbar.leases.memory",
     "crossbar.limiter.slots",
+    "crossbar.limiter.reserve",
     "crossbar.limiter.fairqueue",
 )
 

@@ -33,7 +33,7 @@ class RouteLimits:
     max_in_flight: int | None = None  # None: unlimited
     max_queued: int | None = None  # None: the server's queue_max
     # The most slots of a (host, model) its batch requests may hold; None: what the turns
-    # leave (limiter/slots.py `_batch_cap`).
+    # leave (limiter/reserve.py `batch_cap`).
     batch_slots: int | None = None
 
     def queued_bound(self, queue_max: int) -> int:

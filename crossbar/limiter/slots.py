@@ -47,6 +47,16 @@ from crossbar.config import DEFAULT_LIMITS, RANK, Config, RouteLimits
 from crossbar.limiter.fairqueue import FairQueue
 from crossbar.limiter.forecast import all_done, cost, first_free
 from crossbar.limiter.rates import Rates
+from crossbar.limiter.reserve import (
+    BATCH_RANK,
+    STANDARD_RANK,
+    age,
+    batch_cap,
+    note_turns,
+    to_stop,
+    wake_at,
+    yield_at,
+)
 from crossbar.limiter.swaps import Demand, Places, SwapGate
 from crossbar.limiter.types import (
     LimiterError,
@@ -82,12 +92,7 @@ __all__ = [
 FIRST_HOLD_GUESS = 30.0
 # Weight of the newest hold time in the running average behind retry-after hints.
 _HOLD_WEIGHT = 0.2
-BATCH_RANK, STANDARD_RANK, INTERACTIVE_RANK = RANK["batch"], RANK["standard"], RANK["interactive"]
 CLASS_AGING = 30.0  # server.class_aging's default, for a limiter made without a config
-# How long the most turns (interactive and standard requests) a (host, model) held at once are
-# kept from batch after they were seen: an agent thinks (runs its tools) between two turns, and
-# its next turn should find its slot still free.
-RESERVE_WINDOW = 10.0
 
 
 class Limiter:
@@ -177,7 +182,7 @@ class Limiter:
             slots.held += 1
             slots.admitted += 1
             slots.by_class[klass] += 1
-            self._note_turns(slots, klass)
+            note_turns(slots, klass, self._clock.seconds())
             state.held += 1
             state.by_class[klass] += 1
             self._start(key, slots, work)
@@ -529,41 +534,18 @@ class Limiter:
         return slots.by_class[BATCH_RANK] < self._batch_cap(key, slots, limits, rank)
 
     def _batch_cap(self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int) -> int:
-        """The slots of `key` batch may hold: the route's `batch_slots` when it sets them;
-        else what the other classes leave: every slot but the most interactive and standard
-        requests held at once within RESERVE_WINDOW (or running and waiting now), at least
-        one slot left them; every slot but one while none came. A batch waiter aged to the
-        top class may take one slot whatever they hold: no batch waits for ever."""
-        limit = self._limit(key)
-        if limits.batch_slots is not None:
-            return limits.batch_slots
-        by, waiting = slots.by_class, slots.waiting_by_class
-        now_ = by[STANDARD_RANK] + by[INTERACTIVE_RANK]
-        now_ += waiting[STANDARD_RANK] + waiting[INTERACTIVE_RANK]
-        recent = max(now_, self._turns_recent(slots))
-        cap = max(1, limit - 1) if recent == 0 else max(0, limit - recent)
-        return max(cap, 1) if rank >= INTERACTIVE_RANK else cap
+        return batch_cap(slots, limits, rank, self._limit(key), self._clock.seconds())
 
     def _rewake(self, key: Pair, slots: SlotEntry) -> None:
-        """Batch waits beside a free slot: its cap may rise by time alone (the turns' window
-        passes, a batch waiter ages a class), with no release or arrival to say so. Admit
-        again then."""
+        """Batch waits beside a free slot: admit again when its cap may rise by time alone
+        (reserve.wake_at)."""
         if slots.wake is not None and slots.wake.active():
             slots.wake.cancel()
         slots.wake = None
-        if not slots.waiting_by_class[BATCH_RANK] or slots.in_flight >= self._limit(key):
-            return
         now = self._clock.seconds()
-        due = [slots.turns_peak_at + RESERVE_WINDOW]
-        if self._aging > 0:
-            due += [
-                w.enqueued + (w.rank - w.klass + 1) * self._aging
-                for w in slots.waiters
-                if w.klass == BATCH_RANK and w.rank < INTERACTIVE_RANK
-            ]
-        later = [t for t in due if t > now]
-        if later:
-            slots.wake = self._clock.callLater(min(later) - now, self._woken, key)
+        when = wake_at(slots, self._limit(key), self._aging, now)
+        if when is not None:
+            slots.wake = self._clock.callLater(when - now, self._woken, key)
 
     def _woken(self, key: Pair) -> None:
         slots = self._slots[key]
@@ -572,20 +554,14 @@ class Limiter:
 
     def _plan_yield(self, key: Pair, slots: SlotEntry) -> None:
         """A turn (an interactive or standard request) waits: where a running batch request
-        may be stopped for it (its route's `batch_yield_after`), time that; stop one when it
-        comes (`_yield`)."""
+        may be stopped for it, time that (reserve.yield_at); stop one when it comes."""
         if slots.yielding is not None and slots.yielding.active():
             slots.yielding.cancel()
         slots.yielding = None
-        if not (slots.waiting_by_class[INTERACTIVE_RANK] or slots.waiting_by_class[STANDARD_RANK]):
-            return
-        bounds = [w.yield_after for w in slots.running if w.stop is not None]
-        if not bounds:
-            return
-        oldest = min(w.enqueued for w in slots.waiters if w.klass != BATCH_RANK)
-        when = oldest + min(b for b in bounds if b is not None)
-        delay = max(0.0, when - self._clock.seconds())
-        slots.yielding = self._clock.callLater(delay, self._yield, key)
+        when = yield_at(slots)
+        if when is not None:
+            delay = max(0.0, when - self._clock.seconds())
+            slots.yielding = self._clock.callLater(delay, self._yield, key)
 
     def may_stop(self, host: str, model: str) -> None:
         """A running batch request of (host, model) may be stopped now (its `work.stop` is
@@ -595,56 +571,17 @@ class Limiter:
             self._plan_yield((host, model), slots)
 
     def _yield(self, key: Pair) -> None:
-        """Stop the batch request that started last among those its route lets be stopped
-        for a turn that has waited their bound (the least work lost); plan the next."""
+        """Stop the batch request `reserve.to_stop` picks for the waiting turns; plan the
+        next."""
         slots = self._slots[key]
         slots.yielding = None
-        turns = [w.enqueued for w in slots.waiters if w.klass != BATCH_RANK]
-        if not turns:
-            return
-        waited = self._clock.seconds() - min(turns)
-        stoppable = [
-            w
-            for w in slots.running
-            if w.stop is not None and w.yield_after is not None and waited >= w.yield_after
-        ]
-        if stoppable:
-            victim = max(stoppable, key=lambda w: w.started or 0.0)
+        victim = to_stop(slots, self._clock.seconds())
+        if victim is not None:
             stop, victim.stop = victim.stop, None
             slots.stopped += 1
             assert stop is not None
             stop()  # its release admits the turn; it queues again, first among batch
         self._plan_yield(key, slots)
-
-    def _turns_recent(self, slots: SlotEntry) -> int:
-        """The most interactive and standard requests `slots` held at once lately."""
-        if self._clock.seconds() - slots.turns_peak_at < RESERVE_WINDOW:
-            return slots.turns_peak
-        return 0
-
-    def _note_turns(self, slots: SlotEntry, klass: int) -> None:
-        """A request of `klass` took a slot: a new peak of the turns held at once."""
-        if klass == BATCH_RANK:
-            return
-        held = slots.by_class[STANDARD_RANK] + slots.by_class[INTERACTIVE_RANK]
-        if held >= self._turns_recent(slots):
-            slots.turns_peak, slots.turns_peak_at = held, self._clock.seconds()
-
-    def _age(self, slots: SlotEntry) -> None:
-        """Raise each waiter one class for every `class_aging` seconds it has waited, so no
-        class waits for ever behind a higher one. Only the order among waiters of different
-        classes can change, so a queue of one class is left as it is (raised later, when a
-        higher class joins it, a waiter takes the place its wait earned); but a batch waiter's
-        class also decides its cap (`_batch_cap`), so a queue holding one is aged always."""
-        waiters = slots.waiters
-        if self._aging <= 0 or not (waiters.mixed() or slots.waiting_by_class[BATCH_RANK]):
-            return
-        now = self._clock.seconds()
-        for waiter in waiters.below(INTERACTIVE_RANK):
-            risen = waiter.klass + int((now - waiter.enqueued) // self._aging)
-            rank = min(INTERACTIVE_RANK, risen)
-            if rank > waiter.rank:
-                waiters.raise_to(waiter, rank)
 
     def _limit(self, key: Pair) -> int:
         # 0 is a share this instance may not use now (cluster/instances.py): its waiters wait
@@ -723,7 +660,7 @@ class Limiter:
     def _admit(self, key: Pair, slots: SlotEntry) -> None:
         gate = self.gate
         if slots.waiters:
-            self._age(slots)
+            age(slots, self._aging, self._clock.seconds())
 
         def eligible(name: str, klass: int, rank: int) -> bool:
             state = self._routes[name]
@@ -748,7 +685,7 @@ class Limiter:
             slots.admitted += 1
             slots.by_class[waiter.klass] += 1
             slots.waiting_by_class[waiter.klass] -= 1
-            self._note_turns(slots, waiter.klass)
+            note_turns(slots, waiter.klass, self._clock.seconds())
             state.held += 1
             state.by_class[waiter.klass] += 1
             slots.wait_seconds += self._clock.seconds() - waiter.enqueued

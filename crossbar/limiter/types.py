@@ -154,7 +154,7 @@ class SlotEntry:
     by_class: list[int] = field(factory=lambda: [0, 0, 0])  # held slots per class rank
     waiting_by_class: list[int] = field(factory=lambda: [0, 0, 0])  # waiters per own class
     # The most interactive and standard requests held at once lately, and when it was seen:
-    # the slots batch leaves them (slots.py `_batch_cap`).
+    # the slots batch leaves them (reserve.py `batch_cap`).
     turns_peak: int = 0
     turns_peak_at: float = float("-inf")
     wake: IDelayedCall | None = None  # batch waits beside a free slot: when its cap may rise
