@@ -27,6 +27,7 @@ from crossbar.limiter import Limiter, Release, Work
 from crossbar.proxy import cors, pace, swapping, traced
 from crossbar.proxy.answers import answer_json, models_list, route_health
 from crossbar.proxy.call import Call, Target
+from crossbar.proxy.charges import Charges
 from crossbar.proxy.classes import request_class
 from crossbar.proxy.fallback import (
     HOST_BUSY,
@@ -56,7 +57,7 @@ from crossbar.proxy.slot import SlotStep
 from crossbar.proxy.understand import CallReader
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
 from crossbar.proxy.valve import Replace, Valve
-from crossbar.tenants import ClientKey, KeyRefused, OverLimit, Reservation, Tenants
+from crossbar.tenants import ClientKey, KeyRefused, Reservation, Tenants
 from crossbar.wire import (
     CONNECTIONS_BUSY,
     INTERNAL,
@@ -68,7 +69,6 @@ from crossbar.wire import (
     Kind,
     Outgoing,
     Relay,
-    Tokens,
     Upstream,
     UpstreamFailure,
     classify,
@@ -183,6 +183,11 @@ class ProxyResource(Resource):
         self._tracing = tracing
         self._loaded = loaded
         self._running = Running(clock)
+        self._charges = (
+            None
+            if tenants is None
+            else Charges(tenants.meter, clock, limiter.rates, placement, hosts)
+        )
 
     def reconfigure(self, config: Config) -> None:
         """Serve the reloaded config from the next request on."""
@@ -307,7 +312,8 @@ class ProxyResource(Resource):
         finally:
             # What was delivered, however the answer ended (an answer relayed whole settled
             # already, before its request finished: a no-op then).
-            self._settle(charged, ex.tokens)
+            if self._charges is not None:
+                self._charges.settle(charged, ex.tokens)
         if not served.batch:  # a batch request is no turn of a conversation to hand off
             gate.answered(served.key, ex, served.inbound)
 
@@ -378,15 +384,6 @@ class ProxyResource(Resource):
         need = self._calls.need(ex.prompt_chars, model)
         return fallback_call(call, route, model, ex.fp, serving.candidates(model), need)
 
-    def _settle(self, charged: list[Reservation], tokens: Tokens) -> None:
-        """Charge the key what the answer really cost, in place of its estimate."""
-        now = self._clock.seconds()
-        for reservation in charged:
-            if tokens.refused:
-                reservation.keep(now)  # the host's counts were refused: nothing to go by
-            else:
-                reservation.settle(tokens.prompt, tokens.cached, tokens.completion, now)
-
     # -- the way to a host and back
 
     async def _forward(
@@ -417,7 +414,8 @@ class ProxyResource(Resource):
                 try:
                     exact = await self._check_context(call, host, ex)
                     if key is not None and charged is not None and not charged:
-                        charged.append(self._charge(call, key, acquired, exact))
+                        assert self._charges is not None  # a key: tenants
+                        charged.append(self._charges.reserve(call, key, acquired, exact))
                 except ClientError:
                     await self._placement.refused(call, acquired)  # places nothing
                     raise
@@ -475,7 +473,8 @@ class ProxyResource(Resource):
                 if not yielded:
                     raise  # the client left
                 stopped += 1  # stopped for a turn: nothing reached the client; again, first
-                self._charge_stopped(call, acquired, charged, host, exact, sent)
+                if charged and self._charges is not None:
+                    self._charges.stopped(call, acquired, charged, host, exact, sent)
                 continue
             except UpstreamFailure as failure:
                 release()
@@ -575,45 +574,6 @@ class ProxyResource(Resource):
         except LeaseError as e:
             raise for_exception(e, self._where(call)) from None
 
-    def _charge(
-        self, call: Call, key: ClientKey, acquired: Acquired, exact: int | None
-    ) -> Reservation:
-        """Reserve the call's expected cost against its key's limits, before it queues for a
-        slot (a key over its limit never waits behind the fleet): 429 when it does not fit.
-        The prompt is the guard's exact count, else its estimate; what the lease's previous
-        turn left on the host is expected cached. A call without an output limit is expected
-        to write its key's mean completion, else its route's, else the meter's default, within
-        what is left of the host's context."""
-        assert self._tenants is not None
-        meter = self._tenants.meter
-        prompt = exact if exact is not None else call.need
-        cached = min(prompt, self._placement.expected_cached(call, acquired))
-        rates, route = self._limiter.rates, call.route.name
-        route_mean = rates.output(route) if rates.knows_output(route) else None
-        ctx = self._hosts.ctx(acquired.host, call.model)
-        left = None if ctx is None else ctx - prompt
-        estimate = meter.estimate(key, prompt, cached, pace.output_limit(call), route_mean, left)
-        try:
-            return meter.admit(key, estimate, self._clock.seconds(), prompt, cached)
-        except OverLimit as e:
-            raise for_key(e) from None
-
-    def _charge_stopped(
-        self, call: Call, acquired: Acquired, charged: list[Reservation] | None, host: str,
-        exact: int | None, sent: float,
-    ) -> None:  # fmt: skip
-        """A batch request was stopped for a waiting turn: its key pays what the stopped run
-        did, by its host's pace (`pace.stopped_run`), besides the run that answers."""
-        if not charged:
-            return
-        now = self._clock.seconds()
-        prompt = exact if exact is not None else call.need
-        cached = min(prompt, self._placement.expected_cached(call, acquired))
-        rates, limit = self._limiter.rates, pace.output_limit(call)
-        ran = pace.stopped_run(rates, host, call.model, prompt, cached, now - sent, limit)
-        for reservation in charged:
-            reservation.ran(*ran, now)
-
     async def _check_context(self, call: Call, host: str, ex: Exchange) -> int | None:
         """Refuse what cannot fit in the host's slot before anything goes upstream
         (docs/reference.md, "Context guard"); the host's exact count of the prompt, when it
@@ -654,7 +614,7 @@ class ProxyResource(Resource):
         # The key's charge is settled before the request finishes: finishing lets the
         # channel read a request pipelined behind it, which must find this one's place in
         # the key's max_in_flight given back (and its true cost in the minute and budgets).
-        settle = partial(self._settle, charged) if charged else None
+        settle = partial(self._charges.settle, charged) if charged and self._charges else None
         relay = kind(request, self._clock, timeouts, call.dialect, host, remember, settle)
         if work is not None:
             work.streamed = relay.streamed  # the expected wait counts what has been written
