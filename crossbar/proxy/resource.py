@@ -290,7 +290,8 @@ class ProxyResource(Resource):
         if kind is Kind.INFERENCE:
             headers = request.requestHeaders
             ex.request_class = request_class(headers, call.inbound.body, route, key)
-            call = evolve(call, request_class=ex.request_class)
+            if ex.request_class != call.request_class:  # not standard: no copy per request
+                call = evolve(call, request_class=ex.request_class)
             request.responseHeaders.setRawHeaders(b"X-Crossbar-Class", [ex.request_class.encode()])
         try:
             check_model_scope(key, route, call.model)
