@@ -37,6 +37,7 @@ from crossbar.admin.views import (
     top_usage,
     usage_series_args,
 )
+from crossbar.batches import BatchRunner
 from crossbar.cluster import Instances
 from crossbar.config import Config
 from crossbar.handoff import Evacuator, HandoffStore
@@ -85,6 +86,7 @@ class AdminParts:
     evacuator: Evacuator | None = None
     kept: HandoffStore | None = None  # the hand-off store (its state in /api/status)
     tenants: Tenants | None = None  # the named client keys
+    batches: BatchRunner | None = None  # this instance's batch items
 
 
 Handler = Callable[..., Awaitable[Any]]

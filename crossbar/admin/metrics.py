@@ -87,6 +87,7 @@ class Metrics:
         self.guard = guard
         self.usage = usage
         self.instances = instances
+        self.batches: Any = None  # this instance's batch runner (wiring sets it)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(

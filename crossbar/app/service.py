@@ -29,6 +29,7 @@ from zope.interface import implementer
 from crossbar import build
 from crossbar.app.systemd import Notifier, Watchdog, watchdog_period
 from crossbar.app.wiring import Parts, Reconfigurable, Sites, build_parts, make_sites
+from crossbar.batches import TICK as BATCH_TICK
 from crossbar.cluster import FOLLOW_EVERY
 from crossbar.config import Config, ConfigError, load_config, with_backlog
 from crossbar.handoff import TICK as REBALANCE_TICK
@@ -164,6 +165,8 @@ class CrossbarService(MultiService):
             "rebalance", _rebalance_every, config, parts.handoff.rebalancer.tick, reactor
         )
         rebalance.setServiceParent(self)
+        batches = Every("batches", _batch_tick, config, parts.batches.tick, reactor)
+        batches.setServiceParent(self)
         self.proxy_port = await self._listen("proxy", s.listen, sites.proxy)
         self.admin_port = await self._listen("admin", s.admin_listen, sites.admin)
         address = self.proxy_port.getHost()
@@ -267,6 +270,8 @@ class CrossbarService(MultiService):
         parts = self.parts
         if parts is not None:
             parts.hosts.stop()  # probes under way end now, so the probe timer stops at once
+        if parts is not None:
+            parts.batches.halt()  # no more items claimed: those running may finish
         await MultiService.stopService(self)  # the listeners, then the timers
         if parts is None:
             return
@@ -274,6 +279,7 @@ class CrossbarService(MultiService):
             aborted = await self.sites.resource.drain(self.config.server.shutdown_grace)
             if aborted:
                 log.warn("stop: {n} requests aborted after shutdown_grace", n=aborted)
+        await parts.batches.stop()  # results written, the claims left given back
         await parts.usage.flush()  # the rows still waiting for their write
         await parts.tenants.sync()  # what the keys spent, for the other instances
         await parts.upstream.close()
@@ -306,6 +312,10 @@ def _sync_every(config: Config) -> float:
 
 def _rebalance_every(config: Config) -> float:
     return REBALANCE_TICK
+
+
+def _batch_tick(config: Config) -> float:
+    return BATCH_TICK
 
 
 def _sweep_interval(config: Config) -> float:

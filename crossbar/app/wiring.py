@@ -20,6 +20,7 @@ from crossbar import __version__
 from crossbar.admin import MAX_BODY, Admin, AdminParts, GenAIMetrics, Metrics
 from crossbar.app.logs import log_request
 from crossbar.app.sweep import Sweep
+from crossbar.batches import BatchDesk, BatchRunner
 from crossbar.cluster import Follower, Instances, KeyShare, SharedSlots
 from crossbar.config import Config
 from crossbar.handoff import HandoffParts, build_handoff
@@ -70,6 +71,8 @@ class Parts:
     follower: Follower
     handoff: HandoffParts
     sweep: Sweep
+    desk: BatchDesk
+    batches: BatchRunner
     loaded: LoadedModels | None = None  # which models router-mode hosts have loaded
     tracing: Tracing | None = None  # [tracing]: spans, and the GenAI metrics beside them
     genai: GenAIMetrics | None = None
@@ -166,9 +169,13 @@ async def build_parts(
         config, reactor, table, hosts, limiter, upstream, usage, metrics.registry, tracing
     )
     sweep = Sweep(config, table, store, reactor)
+    desk = BatchDesk(config, reactor, store, hosts)
+    batches = BatchRunner(config, reactor, store, hosts)
+    metrics.batches = batches
     return Parts(
         reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
-        metrics, instances, tenants, follower, handoff, sweep, loaded, tracing, genai,
+        metrics, instances, tenants, follower, handoff, sweep, desk, batches, loaded, tracing,
+        genai,
     )  # fmt: skip
 
 
@@ -209,11 +216,13 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
     valve = Valve(p.clock, p.table, p.hosts, p.limiter, p.warmth, p.loaded)
     resource = ProxyResource(
         config, p.clock, p.hosts, p.limiter, p.upstream, p.guard, p.ids, p.usage, placement,
-        p.handoff.handoff, p.tenants, p.tracing, valve, p.loaded,
+        p.handoff.handoff, p.tenants, p.tracing, valve, p.loaded, p.desk,
     )  # fmt: skip
+    p.batches.inside = resource.inside  # a batch's items go through the whole request path
+    p.desk.created.append(lambda _: p.batches.refill())
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,
-        p.instances, p.warmth, p.handoff.evacuator, p.handoff.store, p.tenants,
+        p.instances, p.warmth, p.handoff.evacuator, p.handoff.store, p.tenants, p.batches,
     )  # fmt: skip
     api = Admin(config, admin_parts, reload)
     proxy = ProxySite(resource, config, reactor=p.clock)

@@ -93,6 +93,17 @@ class ServerConfig:
     # The longest a store statement may take (SQLite's busy wait, PostgreSQL's statement and
     # lock timeouts, connect and TCP timeouts): past it crossbar routes from memory.
     store_timeout: float = 5.0
+    # The Batch API (docs/reference.md, "Batches").
+    batch_max_file: int = 64 * 1024 * 1024  # an uploaded file larger than this is refused
+    batch_max_requests: int = 50_000  # request lines in one batch file
+    batch_retries: int = 3  # a host's failure of an item is tried again this many times
+    batch_claim_timeout: float = (
+        60.0  # an instance's claims run out this long after its last renewal
+    )
+    batch_in_flight: int = (
+        0  # items one instance runs at once; 0: every slot of the fleet + 1 a host
+    )
+    batch_retention: float = 30 * _DAY  # ended batches and their files are pruned after this
 
 
 @frozen
@@ -256,6 +267,12 @@ def _read_server(errors: Errors, data: Any) -> ServerConfig:
         prewarm_parallel=t.integer("prewarm_parallel", d.prewarm_parallel),
         prewarm_timeout=t.duration("prewarm_timeout", d.prewarm_timeout),
         store_timeout=t.duration("store_timeout", d.store_timeout),
+        batch_max_file=t.size("batch_max_file", d.batch_max_file),
+        batch_max_requests=t.integer("batch_max_requests", d.batch_max_requests),
+        batch_retries=t.integer("batch_retries", d.batch_retries, minimum=0),
+        batch_claim_timeout=t.duration("batch_claim_timeout", d.batch_claim_timeout),
+        batch_in_flight=t.integer("batch_in_flight", d.batch_in_flight, minimum=0),
+        batch_retention=t.duration("batch_retention", d.batch_retention),
     )
     t.finish()
     for key in ("listen", "admin_listen"):

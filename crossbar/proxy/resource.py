@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET
 
-from crossbar.config import Config, HostConfig, ModelConfig
+from crossbar.config import Config, HostConfig, ModelConfig, Route
 from crossbar.hosts import Hosts
 from crossbar.leases import Acquired, Key, LeaseError, NoHost
 from crossbar.limiter import Limiter, Release, Work
@@ -42,11 +42,13 @@ from crossbar.proxy.fallback import (
 )
 from crossbar.proxy.guard import ContextGuard
 from crossbar.proxy.ids import IdMemory
+from crossbar.proxy.inside import InsideAnswer, InsideRequest
 from crossbar.proxy.loaded import LoadedModels
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception, for_key
 from crossbar.proxy.routing import (
     authenticate,
+    authenticate_named,
     check_model_scope,
     credentials,
     resolve_route,
@@ -133,6 +135,16 @@ class _Open:
 OPEN = _Open()
 
 
+class BatchFront(Protocol):
+    """The Batch API's files and batches on the client port (crossbar.batches implements it):
+    it answers `request` itself, for `route` and the request's named key, and says the
+    status it answered."""
+
+    async def serve(
+        self, request: Any, route: Route, key: ClientKey | None, method: str, path: str
+    ) -> int: ...
+
+
 def _route_template(raw_path: str, path: str, kind: Kind | None) -> str | None:
     """The request's `http.route`: crossbar's URL with the route name left out, for a path
     crossbar serves (None for any other: a client's invented path is no template)."""
@@ -163,10 +175,12 @@ class ProxyResource(Resource):
         tracing: Tracing | None = None,
         valve: Valve | None = None,
         loaded: LoadedModels | None = None,
+        batches: BatchFront | None = None,
     ) -> None:
         """`tracing`: crossbar's spans (None, the default: tracing off, and no cost);
         `valve`: moves queued turns where they start sooner (None: every turn waits at home);
-        `loaded`: which models router-mode hosts have loaded (None: every model always is)."""
+        `loaded`: which models router-mode hosts have loaded (None: every model always is);
+        `batches`: the Batch API (None: its paths are 404)."""
         super().__init__()
         self._slots = SlotStep(clock, limiter, placement, tenants, valve)
         self._tenants = tenants
@@ -182,6 +196,7 @@ class ProxyResource(Resource):
         self._gate = gate or OPEN
         self._tracing = tracing
         self._loaded = loaded
+        self._batches = batches
         self._running = Running(clock)
         self._charges = (
             None
@@ -213,6 +228,12 @@ class ProxyResource(Resource):
         if not d.called:
             self._running.track(request, d, ex)
         return NOT_DONE_YET
+
+    def inside(self, request: InsideRequest) -> Deferred[InsideAnswer]:
+        """Run a request crossbar makes of itself through the whole sequence (inside.py); its
+        answer."""
+        self.render(request)
+        return request.answered
 
     async def drain(self, grace: float) -> int:
         """Let running requests finish for up to `grace` seconds, then abort the rest
@@ -266,10 +287,13 @@ class ProxyResource(Resource):
     async def _handle(self, request: Any, ex: Exchange, target: Target) -> None:
         route, kind = target.route, target.kind
         book = self._tenants.book if self._tenants is not None else None
-        authorization, api_key = credentials(request.requestHeaders)
         try:
             now = self._clock.seconds()
-            key = authenticate(route, book, authorization, api_key, now)
+            if isinstance(request, InsideRequest):  # crossbar's own: its key known by name
+                key = authenticate_named(route, book, request.key, now)
+            else:
+                authorization, api_key = credentials(request.requestHeaders)
+                key = authenticate(route, book, authorization, api_key, now)
         except KeyRefused as e:
             raise for_key(e) from None
         if key is not None:
@@ -284,6 +308,11 @@ class ProxyResource(Resource):
             return
         if kind is Kind.HEALTH:
             ex.status = answer_json(request, route_health(route, self._hosts))
+            return
+        if kind is Kind.BATCHES:
+            if self._batches is None:
+                raise not_found(f"crossbar does not serve {target.method} {target.path} here")
+            ex.status = await self._batches.serve(request, route, key, target.method, target.path)
             return
         tenant = key.name if key is not None else ""
         call = self._calls.read(self._config, request, ex, target, kind, tenant)
@@ -368,9 +397,13 @@ class ProxyResource(Resource):
         if route is None or route.name == call.route.name:
             return None
         book = self._tenants.book if self._tenants is not None else None
-        authorization, api_key = credentials(request.requestHeaders)
+        now = self._clock.seconds()
         try:
-            authenticate(route, book, authorization, api_key, self._clock.seconds())
+            if isinstance(request, InsideRequest):
+                authenticate_named(route, book, request.key, now)
+            else:
+                authorization, api_key = credentials(request.requestHeaders)
+                authenticate(route, book, authorization, api_key, now)
         except KeyRefused:
             return None  # a key falls back only to routes it covers
         serving = self._hosts.serving(route)

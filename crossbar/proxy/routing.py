@@ -107,6 +107,27 @@ def authenticate(
     return None
 
 
+def authenticate_named(
+    route: Route, book: KeyBook | None, name: str | None, now: float
+) -> ClientKey | None:
+    """The named key a request crossbar makes of itself runs as (proxy/inside.py), by the rules
+    `authenticate` applies once a secret has named it: gone, blocked or expired is 401, a route
+    that needs a key and is not in its scope 403. None for no key: the batch it belongs to was
+    made by a client the route let in (with none, or one of its anonymous `keys`)."""
+    if name is None:
+        return None
+    key = book.get(name) if book is not None else None
+    if key is None:
+        raise KeyRefused(401, f"key {name!r} no longer exists: ask the operator")
+    if key.blocked:
+        raise KeyRefused(401, f"key {name!r} is blocked: ask the operator")
+    if key.expired(now):
+        raise KeyRefused(401, f"key {name!r} has expired: ask the operator for a new one")
+    if route.needs_key and not key.covers_route(route.name):
+        raise KeyRefused(403, f"key {name!r} may not use route {route.name!r}: ask the operator")
+    return key
+
+
 def check_model_scope(key: ClientKey | None, route: Route, model: str) -> None:
     """403 when a named key may not ask for `model`."""
     if key is not None and not key.covers_model(model):

@@ -1,18 +1,37 @@
 """The store: SQLite or PostgreSQL through adbapi, the adapter behind the leases', hosts' and usage
 recorder's protocols: lease writes and the change log, usage rows in group commits, reports and
-roll-ups, heartbeats, migrations, copying a store to another database.
+roll-ups, heartbeats, the Batch API's files, batches and item claims, migrations, copying a store
+to another database.
 """
 
+from crossbar.store.batches import (
+    BATCH_STATUSES,
+    BatchEvent,
+    BatchRow,
+    Claim,
+    Counts,
+    Ended,
+    FileRow,
+    NewItem,
+)
 from crossbar.store.database import USAGE_GROUPS, ChangeRow, InstanceRow, Store, StoreError
 from crossbar.store.rollups import RolledUp
 from crossbar.store.setup import check
 from crossbar.store.transfer import MigrateError, migrate_store
 
 __all__ = [
+    "BATCH_STATUSES",
     "USAGE_GROUPS",
+    "BatchEvent",
+    "BatchRow",
     "ChangeRow",
+    "Claim",
+    "Counts",
+    "Ended",
+    "FileRow",
     "InstanceRow",
     "MigrateError",
+    "NewItem",
     "RolledUp",
     "Store",
     "StoreError",

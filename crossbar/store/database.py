@@ -27,7 +27,9 @@ from twisted.logger import Logger
 from crossbar.config import redact
 from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
+from crossbar.store import batches
 from crossbar.store.backends import REPORT_TIMEOUT, SQLITE, STORE_TIMEOUT, Backend, backend_for
+from crossbar.store.batches import BatchEvent, BatchRow, Claim, Ended, ErrorLine, FileRow, NewItem
 from crossbar.store.group import GroupCommit, write_group
 from crossbar.store.keys import (
     create_key,
@@ -338,6 +340,94 @@ class Store:
         """Write this instance's spending per (key, period) and read the others'."""
         args = (self._backend, self.instance, rows, periods)
         return await self._run("syncing key spending", sync_spend, *args)
+
+    # -- the Batch API (batches.py) -----------------------------------------------------------
+
+    async def add_file(self, row: FileRow, content: str) -> None:
+        """Store a file, durably (its client is told it is kept)."""
+        await self._run(
+            "storing a file", batches.add_file, self._backend, row, content, durable=True
+        )
+
+    async def read_file(self, file_id: str) -> FileRow | None:
+        return await self._run("reading a file", batches.read_file, self._backend, file_id)
+
+    async def file_content(self, file_id: str) -> str | None:
+        return await self._read("reading a file", batches.file_content, self._backend, file_id)
+
+    async def list_files(
+        self, route: str, key: str, purpose: str, after: str, limit: int
+    ) -> list[FileRow]:
+        args = (self._backend, route, key, purpose, after, limit)
+        return await self._read("listing files", batches.list_files, *args)
+
+    async def delete_file(self, file_id: str) -> bool:
+        args = (self._backend, file_id)
+        return await self._run("deleting a file", batches.delete_file, *args, durable=True)
+
+    async def create_batch(self, row: BatchRow, items: list[NewItem]) -> None:
+        """A batch with all its items, durably."""
+        args = (self._backend, self.instance, row, items)
+        await self._run("creating a batch", batches.create_batch, *args, durable=True)
+
+    async def read_batch(self, batch_id: str) -> BatchRow | None:
+        return await self._run("reading a batch", batches.read_batch, self._backend, batch_id)
+
+    async def list_batches(
+        self, route: str | None, key: str | None, after: str, limit: int
+    ) -> list[BatchRow]:
+        args = (self._backend, route, key, after, limit)
+        return await self._run("listing batches", batches.list_batches, *args)
+
+    async def cancel_batch(self, batch_id: str, now: float, lines: ErrorLine) -> str | None:
+        args = (self._backend, self.instance, batch_id, now, lines)
+        return await self._run("cancelling a batch", batches.cancel_batch, *args, durable=True)
+
+    async def any_batch_running(self) -> bool:
+        """Whether some batch has not ended (on the reports' connection: never behind a write)."""
+        return await self._read("reading batches", batches.any_running, self._backend)
+
+    async def claim_items(self, token: str, now: float, until: float, limit: int) -> list[Claim]:
+        args = (self._backend, token, now, until, limit)
+        return await self._run("claiming batch items", batches.claim_items, *args)
+
+    async def renew_claims(self, token: str, until: float) -> int:
+        args = (self._backend, token, until)
+        return await self._run("renewing batch claims", batches.renew_claims, *args)
+
+    async def end_items(self, token: str, ended: list[Ended]) -> list[bool]:
+        args = (self._backend, token, ended)
+        return await self._run("writing batch results", batches.end_items, *args)
+
+    async def retry_item(self, token: str, batch: str, line: int, when: float, count: bool) -> bool:
+        args = (self._backend, token, batch, line, when, count)
+        return await self._run("retrying a batch item", batches.retry_item, *args)
+
+    async def release_claims(self, token: str) -> int:
+        args = (self._backend, token)
+        return await self._run("releasing batch claims", batches.release_claims, *args)
+
+    async def close_ending(self, now: float, lines: ErrorLine) -> list[str]:
+        args = (self._backend, self.instance, now, lines)
+        return await self._run("ending batches", batches.close_ending, *args)
+
+    async def start_finalizing(self, now: float, until: float) -> list[str]:
+        args = (self._backend, self.instance, now, until)
+        return await self._run("finalizing batches", batches.start_finalizing, *args)
+
+    async def finish_batch(
+        self, batch_id: str, now: float, output: FileRow, error: FileRow
+    ) -> str | None:
+        args = (self._backend, self.instance, batch_id, now, output, error)
+        return await self._run("finishing a batch", batches.finish_batch, *args, durable=True)
+
+    async def batch_events(self, batch: str | None, limit: int) -> list[BatchEvent]:
+        args = (self._backend, batch, limit)
+        return await self._read("reading batch events", batches.list_events, *args)
+
+    async def prune_batches(self, before: float) -> int:
+        args = (self._backend, before)
+        return await self._run("pruning batches", batches.prune_batches, *args)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 

@@ -61,6 +61,19 @@ _TABLES = (
            "name", "client keys", since=5),
     _Table("key_spend", ("key", "period", "instance", "spent", "starts"),
            "key, period, instance", "key spending rows", since=5),
+    _Table("batch_files", ("id", "route", "key", "purpose", "filename", "bytes", "lines",
+                           "created", "content"), "id", "batch files", since=8),
+    _Table("batches", ("id", "route", "key", "endpoint", "input_file_id", "completion_window",
+                       "status", "created", "expires_at", "in_progress_at", "finalizing_at",
+                       "completed_at", "failed_at", "expired_at", "cancelling_at",
+                       "cancelled_at", "output_file_id", "error_file_id", "errors", "metadata",
+                       "total", "ending", "finisher", "finish_until"), "id", "batches", since=8),
+    _Table("batch_items", ("batch", "line", "custom_id", "grp", "body", "state", "attempts",
+                           "claim", "not_before", "prompt_tokens", "cached_tokens",
+                           "completion_tokens", "result"), "batch, line", "batch items",
+           since=8),
+    _Table("batch_events", ("at", "batch", "status", "instance", "detail"), "id",
+           "batch events", since=8),
 )  # fmt: skip
 
 

@@ -29,6 +29,7 @@ class Kind(enum.Enum):
     CONTROL = "control"  # goes to the lease's host, takes no slot
     MODELS = "models"  # answered by crossbar: the route's models
     HEALTH = "health"  # answered by crossbar: is some host of the route healthy
+    BATCHES = "batches"  # answered by crossbar: the Batch API's files and batches
 
 
 class ErrorShape(enum.Enum):
@@ -185,6 +186,7 @@ _BY_PATH: dict[str, tuple[Dialect, Kind]] = {
     path: (d, kind) for d in DIALECTS for path, kind in d.paths.items()
 }
 _SLOT = re.compile(r"/slots/\d+")
+_BATCH_API = re.compile(r"/v1/(?:files|batches)(?:/[^/]+(?:/[a-z]+)?)?")
 _ANSWERED = (Kind.MODELS, Kind.HEALTH)
 
 
@@ -201,6 +203,8 @@ def classify(method: str, path: str) -> tuple[Dialect, Kind | None]:
         return dialect, None
     if _SLOT.fullmatch(path):
         return LLAMA_CONTROL, Kind.CONTROL
+    if _BATCH_API.fullmatch(path):
+        return OPENAI_CHAT, Kind.BATCHES
     return for_errors(path), None
 
 

@@ -75,9 +75,9 @@ async def test_a_full_disk_degrades_crossbar_visibly_and_it_recovers_by_itself(t
     db = tmp_path / "c.db"
     config = tmp_path / "crossbar.toml"
     config.write_text(config_text(port, admin, db, fakes["titan"].url, ["convo"]))
-    # Room for the schema (24 pages: 96 KiB since schema 5) and a few pages of WAL, not for a
+    # Room for the schema (35 pages: 140 KiB since schema 8) and a few pages of WAL, not for a
     # burst of new conversations.
-    process = spawn_limited(config, tmp_path / "log", 128 * 1024)
+    process = spawn_limited(config, tmp_path / "log", 172 * 1024)
     base, api = f"http://127.0.0.1:{port}/r", f"http://127.0.0.1:{admin}"
     try:
         await until_status(f"{base}/convo/health", 200)
