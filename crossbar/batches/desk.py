@@ -195,10 +195,8 @@ class BatchDesk:
     async def _check(self, content: bytes) -> checks.Checked:
         s = self._config.server
         if len(content) < 256 * 1024:  # small: at once, on the reactor
-            return checks.check_file(content, s.batch_max_requests, s.max_body)
-        result: checks.Checked = await self._off(
-            checks.check_file, content, s.batch_max_requests, s.max_body
-        )
+            return checks.check_file(content, s.batch_max_requests)
+        result: checks.Checked = await self._off(checks.check_file, content, s.batch_max_requests)
         return result
 
     async def _files(self, request: Any, route: Route, owner: str) -> dict[str, Any]:

@@ -1,11 +1,12 @@
 """An input file's request lines, checked as OpenAI checks them (docs/reference.md, "Batches"):
 each line a JSON object with a unique `custom_id`, `method` POST, a `url` that is a batch
-endpoint (the same on every line) and a JSON object `body`. What is wrong is reported by line
-number, every line's problem, up to `MAX_REPORTED`.
+endpoint (the same on every line) and a JSON object `body` that does not ask to stream (no body
+is larger than the upload that brought it, which `max_body` bounds). What is wrong is reported
+by line number, every line's problem, up to `MAX_REPORTED`.
 
 `check_file` is what an upload checks; `check_batch` what creating a batch adds: the lines'
-`url` is the batch's endpoint, and each body fits the route (its size, a model the route serves
-that the key may use).
+`url` is the batch's endpoint, and each body names a model the route serves that the key may
+use.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ class RequestLine:
     custom_id: str
     url: str
     body: dict[str, object]
-    size: int  # bytes of the body as sent
 
 
 @frozen
@@ -56,7 +56,7 @@ class Checked:
         return not self.errors
 
 
-def check_file(content: bytes, max_requests: int, max_body: int) -> Checked:
+def check_file(content: bytes, max_requests: int) -> Checked:
     """Read a batch input file, reporting every bad line (up to MAX_REPORTED)."""
     errors: list[LineError] = []
     try:
@@ -77,7 +77,7 @@ def check_file(content: bytes, max_requests: int, max_body: int) -> Checked:
     seen: dict[str, int] = {}
     first_url = ""
     for number, source in enumerate(raw, start=1):
-        found = _line(number, source, max_body)
+        found = _line(number, source)
         if isinstance(found, LineError):
             errors.append(found)
             continue
@@ -96,7 +96,7 @@ def check_file(content: bytes, max_requests: int, max_body: int) -> Checked:
     return Checked(lines, _reported(errors))
 
 
-def _line(number: int, source: str, max_body: int) -> RequestLine | LineError:
+def _line(number: int, source: str) -> RequestLine | LineError:
     if not source.strip():
         return LineError("empty_line", "the line is empty", number)
     try:
@@ -124,12 +124,8 @@ def _line(number: int, source: str, max_body: int) -> RequestLine | LineError:
     if body.get("stream") is True:
         message = "a batch's requests are answered whole: stream must not be true"
         return LineError("invalid_body", message, number, "body.stream")
-    size = len(json.dumps(body).encode("utf-8"))
-    if size > max_body:
-        message = f"the body is {size} bytes; the route takes at most {max_body}"
-        return LineError("request_too_large", message, number, "body")
     assert isinstance(url, str)
-    return RequestLine(number, custom_id, url, body, size)
+    return RequestLine(number, custom_id, url, body)
 
 
 def check_batch(

@@ -139,6 +139,7 @@ class BatchRunner:
         self._running: dict[tuple[str, int], InsideRequest] = {}
         self._ends: list[Ended] = []
         self._writing: Deferred[None] | None = None
+        self._retrying: set[Deferred[None]] = set()
         self._claiming = False
         self._halted = False
         self._renewed = clock.seconds()
@@ -253,7 +254,9 @@ class BatchRunner:
         if isinstance(verdict, Retry):
             self.outcomes["retried"] += 1
             d = Deferred.fromCoroutine(self._retry(claim, verdict))
+            self._retrying.add(d)
             d.addErrback(lambda f: log.failure("batch item retry", f))
+            d.addBoth(lambda _: self._retrying.discard(d))
         else:
             self.outcomes[verdict.state] += 1
             self._ends.append(verdict)
@@ -304,6 +307,14 @@ class BatchRunner:
                      n=lost)  # fmt: skip
         self._flush()
 
+    async def settled(self) -> None:
+        """Wait until the results and retries written so far are in the store."""
+        while self._writing is not None or self._retrying:
+            if self._writing is not None:
+                await self._writing
+            for d in list(self._retrying):
+                await d
+
     def halt(self) -> None:
         """Claim no more (a stop begins); what runs may finish."""
         self._halted = True
@@ -314,12 +325,10 @@ class BatchRunner:
         self._halted = True
         for request in list(self._running.values()):
             request.abort()
-        while self._writing is not None:
-            await self._writing
+        await self.settled()
         if self._ends:
             self._flush()
-            if self._writing is not None:
-                await self._writing
+            await self.settled()
         try:
             await self._store.release_claims(self.token)
         except StoreError as e:
