@@ -40,6 +40,7 @@ log = Logger(namespace="crossbar.batches")
 _BUDGET = re.compile(r"\((tokens_per_day|tokens_per_month)\)")
 _PAUSE_MAX = 60.0  # the longest pause before an item is tried again
 TICK = 1.0  # the runner's timer: claims renewed, ends closed, batches finalized, items claimed
+PRUNE_EVERY = 3600.0  # ended batches past batch_retention are pruned this often
 
 Inside = Callable[[InsideRequest], Deferred[InsideAnswer]]
 
@@ -143,6 +144,7 @@ class BatchRunner:
         self._claiming = False
         self._halted = False
         self._renewed = clock.seconds()
+        self._pruned = float("-inf")
         self.outcomes: Counter[str] = Counter()  # done, failed, retried, lost
         self.degraded = ""  # the store's last failure, while it lasts
 
@@ -177,6 +179,11 @@ class BatchRunner:
             if self._running and now - self._renewed >= timeout / 3:
                 await self._store.renew_claims(self.token, now + timeout)
                 self._renewed = now
+            if now - self._pruned >= PRUNE_EVERY:
+                self._pruned = now
+                pruned = await self._store.prune_batches(now - self._config.server.batch_retention)
+                if pruned:
+                    log.info("batches: {n} ended batches pruned, with their files", n=pruned)
             if not self._running and not await self._store.any_batch_running():
                 self.degraded = ""
                 self._flush()
@@ -240,7 +247,6 @@ class BatchRunner:
         headers = [
             (b"content-type", b"application/json"),
             (b"x-crossbar-class", b"batch"),
-            (b"x-crossbar-batch", claim.batch.encode()),
         ]
         request = InsideRequest(b"POST", path, headers, claim.body.encode(), claim.key or None)
         self._running[(claim.batch, claim.line)] = request

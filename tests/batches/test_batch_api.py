@@ -101,3 +101,108 @@ async def test_the_openai_client_runs_a_batch_end_to_end() -> None:
         assert rows == [("batch", "/v1/chat/completions", 200)] * 12
     finally:
         await crossbar.stop()
+
+
+async def submit(oai: openai.OpenAI, content: bytes) -> Any:
+    file = await call(lambda: oai.files.create(file=("in.jsonl", io.BytesIO(content)),
+                                               purpose="batch"))  # fmt: skip
+    return await call(lambda: oai.batches.create(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"))  # fmt: skip
+
+
+async def both_files(oai: openai.OpenAI, batch: Any) -> tuple[list[Any], list[Any]]:
+    found = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        text = (await call(lambda: oai.files.content(file_id))).text if file_id else ""
+        found.append([json.loads(line) for line in text.splitlines()])
+    return found[0], found[1]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_key_whose_budget_runs_out_mid_batch_sends_the_rest_to_the_error_file() -> None:
+    fakes = await start_fakes("a", "b")
+    keys = {"labeller": {"secret": "sk-labeller-0123456789", "tokens_per_day": 150}}
+    crossbar = await start_crossbar(fakes, ROUTE, keys=keys, server={"batch_in_flight": 1})
+    try:
+        oai = client(crossbar, key="sk-labeller-0123456789")
+        batch = await submit(oai, request_lines(10))
+        done = await run_to_end(crossbar, oai, batch.id)
+        output, errors = await both_files(oai, done)
+        assert output and errors  # some ran before the budget was spent, the rest did not
+        assert sorted(line["custom_id"] for line in output + errors) == sorted(
+            f"req-{i}" for i in range(10)
+        )
+        for line in errors:
+            assert line["response"]["status_code"] == 429
+            assert "(tokens_per_day)" in line["response"]["body"]["error"]["message"]
+        # Each item was charged to the batch's key as a request: usage rows name it.
+        await crossbar.parts.usage.flush()
+        rows = await crossbar.parts.store._query(
+            "rows", "SELECT DISTINCT key FROM usage WHERE path = '/v1/chat/completions'"
+        )
+        assert rows == [("labeller",)]
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_items_of_a_route_whose_hosts_are_down_are_served_by_its_fallback() -> None:
+    fakes = await start_fakes("a", "b")
+    routes = {"main": {"hosts": ["a"], "fallbacks": ["spare"]}, "spare": {"hosts": ["b"]}}
+    crossbar = await start_crossbar(fakes, routes)
+    try:
+        fakes["a"].faults.busy = 503
+        oai = client(crossbar, "main")
+        batch = await submit(oai, request_lines(4))
+        done = await run_to_end(crossbar, oai, batch.id)
+        output, errors = await both_files(oai, done)
+        assert len(output) == 4 and errors == []
+        await crossbar.parts.usage.flush()
+        rows = await crossbar.parts.store._query(
+            "rows",
+            "SELECT route, host, fallback_from FROM usage WHERE path = '/v1/chat/completions'",
+        )
+        assert set(rows) == {("spare", "b", "main")}
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_that_keeps_failing_sends_items_to_the_error_file_after_their_retries() -> (
+    None
+):
+    fakes = await start_fakes("a")
+    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["a"]}},
+                                    server={"batch_retries": 0})  # fmt: skip
+    try:
+        fakes["a"].faults.error_500 = True
+        oai = client(crossbar)
+        batch = await submit(oai, request_lines(3))
+        done = await run_to_end(crossbar, oai, batch.id)
+        assert done.status == "completed" and done.request_counts.failed == 3
+        _, errors = await both_files(oai, done)
+        assert [line["response"]["status_code"] for line in errors] == [500] * 3
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_person_beside_a_running_batch_is_served_first() -> None:
+    fakes = await start_fakes("a", tokens_per_second=40, parallel=2)
+    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["a"]}}, parallel=2)
+    try:
+        oai = client(crossbar)
+        batch = await submit(oai, request_lines(8, max_tokens=8))
+        await crossbar.parts.batches.tick()
+        await until(lambda: crossbar.parts.batches.in_flight >= 2, 5)
+        # The batch holds one slot at most (the cap leaves one for people) and waits behind
+        # the person: the turn starts at once.
+        response, reply = await crossbar.chat("convo", [{"role": "user", "content": "hello"}],
+                                              max_tokens=4)  # fmt: skip
+        assert response.code == 200
+        assert int(response.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) < 100
+        assert response.headers.getRawHeaders("X-Crossbar-Class") == ["standard"]
+        done = await run_to_end(crossbar, oai, batch.id)
+        assert done.request_counts.completed == 8
+    finally:
+        await crossbar.stop()

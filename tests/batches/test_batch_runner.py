@@ -375,3 +375,22 @@ async def test_a_clean_stop_gives_its_claims_back_at_once(story: Story) -> None:
     await story.tick(second)
     output, _ = await story.lines(batch)
     assert [o["custom_id"] for o in output] == ["item-0"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_ended_batches_and_their_files_are_pruned_after_the_retention(story: Story) -> None:
+    ended = await story.batch(1)
+    await story.tick()
+    story.proxy.answer(200, ok())
+    await story.runner.settled()
+    await story.tick()
+    row = await story.store.read_batch(ended)
+    assert row is not None and row.status == "completed"
+    story.clock.advance(20 * 86400)
+    running = await story.batch(1)  # its input file is young, and read while it runs
+    story.clock.advance(11 * 86400)  # past the 30 d retention of the first, not the second
+    await story.tick()
+    assert await story.store.read_batch(ended) is None
+    assert await story.store.file_content(row.output_file_id) is None
+    assert await story.store.file_content(row.input_file_id) is None
+    assert await story.status(running) in ("in_progress", "expired")
