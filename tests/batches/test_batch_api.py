@@ -113,7 +113,7 @@ async def submit(oai: openai.OpenAI, content: bytes) -> Any:
 async def both_files(oai: openai.OpenAI, batch: Any) -> tuple[list[Any], list[Any]]:
     found = []
     for file_id in (batch.output_file_id, batch.error_file_id):
-        text = (await call(lambda: oai.files.content(file_id))).text if file_id else ""
+        text = (await call(lambda f=file_id: oai.files.content(f))).text if file_id else ""
         found.append([json.loads(line) for line in text.splitlines()])
     return found[0], found[1]
 
@@ -197,7 +197,7 @@ async def test_a_person_beside_a_running_batch_is_served_first() -> None:
         await until(lambda: crossbar.parts.batches.in_flight >= 2, 5)
         # The batch holds one slot at most (the cap leaves one for people) and waits behind
         # the person: the turn starts at once.
-        response, reply = await crossbar.chat("convo", [{"role": "user", "content": "hello"}],
+        response, _ = await crossbar.chat("convo", [{"role": "user", "content": "hello"}],
                                               max_tokens=4)  # fmt: skip
         assert response.code == 200
         assert int(response.headers.getRawHeaders("X-Crossbar-Queue-Ms")[0]) < 100

@@ -93,7 +93,7 @@ async def _each_once(instance: Instance, batch: Any) -> None:
     seen: list[str] = []
     for file_id in (batch.output_file_id, batch.error_file_id):
         if file_id:
-            text = (await call(lambda: instance.client.files.content(file_id))).text
+            text = (await call(lambda f=file_id: instance.client.files.content(f))).text
             seen += [json.loads(line)["custom_id"] for line in text.splitlines()]
     assert sorted(seen) == sorted(f"req-{i}" for i in range(ITEMS))
     assert batch.request_counts.completed + batch.request_counts.failed == ITEMS

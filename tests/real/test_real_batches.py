@@ -30,7 +30,7 @@ async def test_the_openai_client_runs_a_batch_on_real_llama_servers(launch):
     for _ in range(240):  # the runner's ticks, a second of the service each
         await fleet.within(crossbar.parts.batches.tick(), 30, "a batch tick")
         await fleet.within(crossbar.parts.batches.settled(), 30, "batch results written")
-        batch = await call(lambda: oai.batches.retrieve(batch.id))
+        batch = await call(lambda b=batch.id: oai.batches.retrieve(b))
         if batch.status == "completed":
             break
         await fleet.within(_quiet(crossbar), 60, "the batch's items in flight")
