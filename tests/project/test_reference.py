@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 HEADINGS = [
     *("Config", "Client URLs", "The request path", "Errors", "Headers", "Leases"),
-    *("Fingerprints", "Context guard", "Slots", "Store", "Hosts", "Admin API", "Metrics"),
+    *("Fingerprints", "Context guard", "Slots", "Batches", "Store", "Hosts", "Admin API"),
+    "Metrics",
     *("The fake llama-server", "Python shapes"),
 ]
 READERS = ("string", "boolean", "integer", "positive_number", "duration", "duration_or_off", "size")
