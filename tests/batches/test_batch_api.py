@@ -206,3 +206,28 @@ async def test_a_person_beside_a_running_batch_is_served_first() -> None:
         assert done.request_counts.completed == 8
     finally:
         await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_client_cancels_a_batch_and_what_ran_is_kept() -> None:
+    fakes = await start_fakes("a", tokens_per_second=20)
+    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["a"]}},
+                                    server={"batch_in_flight": 1})  # fmt: skip
+    try:
+        oai = client(crossbar)
+        batch = await submit(oai, request_lines(5, max_tokens=8))
+        await crossbar.parts.batches.tick()
+        assert crossbar.parts.batches.in_flight == 1
+        cancelling = await call(lambda: oai.batches.cancel(batch.id))
+        assert cancelling.status == "cancelling" and cancelling.cancelling_at
+        done = await run_to_end(crossbar, oai, batch.id)
+        assert done.status == "cancelled" and done.cancelled_at
+        output, errors = await both_files(oai, done)
+        assert [line["custom_id"] for line in output] == ["req-0"]  # it was running: it ran
+        assert [(e["custom_id"], e["error"]["code"]) for e in errors] == [
+            (f"req-{i}", "batch_cancelled") for i in range(1, 5)
+        ]
+        again = await call(lambda: oai.batches.cancel(batch.id))
+        assert again.status == "cancelled"  # cancelling an ended batch changes nothing
+    finally:
+        await crossbar.stop()
