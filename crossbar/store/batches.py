@@ -432,21 +432,35 @@ def any_running(txn: Transaction, backend: Backend) -> bool:
 def claim_items(
     txn: Transaction, backend: Backend, token: str, now: float, until: float, limit: int
 ) -> list[Claim]:
-    """Up to `limit` runnable items (pending and due, or running on a claim that ran out) of
-    batches in progress, in batch order and, within a batch, by shared system prompt: now this
-    instance's (`token`) until `until`."""
+    """Up to `limit` runnable items of batches in progress, in batch order and, within a batch,
+    by shared system prompt: running ones whose claim ran out first, then pending ones that are
+    due. Now this instance's (`token`) until `until`."""
     _begin(txn, backend)
-    lock = "" if backend is SQLITE else " FOR UPDATE OF i SKIP LOCKED"
     txn.execute(
         backend.sql(
-            "SELECT i.batch, i.line, i.custom_id, i.body, i.attempts, b.route, b.key, b.endpoint "
-            "FROM batch_items i JOIN batches b ON b.id = i.batch "
-            "WHERE b.status = ? AND b.ending = '' AND i.state IN (?, ?) AND i.not_before <= ? "
-            f"ORDER BY b.created, i.batch, i.grp, i.line LIMIT ?{lock}"
+            "SELECT id, route, key, endpoint FROM batches WHERE status = ? AND ending = '' "
+            "ORDER BY created, id"
         ),
-        (IN_PROGRESS, PENDING, RUNNING, now, limit),
+        (IN_PROGRESS,),
     )
-    claims = [Claim(*row) for row in txn.fetchall()]
+    running = txn.fetchall()
+    lock = "" if backend is SQLITE else " FOR UPDATE SKIP LOCKED"
+    # One batch and one state at a time: the index (batch, state, grp, line) then gives the
+    # order, and the read stops at the limit instead of sorting every item of the batch.
+    sql = backend.sql(
+        "SELECT line, custom_id, body, attempts FROM batch_items "
+        f"WHERE batch = ? AND state = ? AND not_before <= ? ORDER BY grp, line LIMIT ?{lock}"
+    )
+    claims: list[Claim] = []
+    for batch, route, key, endpoint in running:
+        for state, due in ((RUNNING, now - 1e-6), (PENDING, now)):
+            if len(claims) >= limit:
+                break
+            txn.execute(sql, (batch, state, due, limit - len(claims)))
+            claims += [
+                Claim(batch, line, custom_id, body, attempts, route, key, endpoint)
+                for line, custom_id, body, attempts in txn.fetchall()
+            ]
     txn.executemany(
         backend.sql(
             "UPDATE batch_items SET state = ?, claim = ?, not_before = ? "
@@ -529,6 +543,7 @@ def start_finalizing(
             "SELECT b.id FROM batches b WHERE ((b.status IN (?, ?) AND NOT EXISTS ("
             "SELECT 1 FROM batch_items i WHERE i.batch = b.id AND i.state IN (?, ?))) "
             "OR (b.status = ? AND b.finish_until < ?)) ORDER BY b.created LIMIT 8"
+            + ("" if backend is SQLITE else " FOR UPDATE SKIP LOCKED")
         ),
         (IN_PROGRESS, CANCELLING, PENDING, RUNNING, FINALIZING, now),
     )

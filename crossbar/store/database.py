@@ -350,7 +350,7 @@ class Store:
         )
 
     async def read_file(self, file_id: str) -> FileRow | None:
-        return await self._run("reading a file", batches.read_file, self._backend, file_id)
+        return await self._read("reading a file", batches.read_file, self._backend, file_id)
 
     async def file_content(self, file_id: str) -> str | None:
         return await self._read("reading a file", batches.file_content, self._backend, file_id)
@@ -371,13 +371,13 @@ class Store:
         await self._run("creating a batch", batches.create_batch, *args, durable=True)
 
     async def read_batch(self, batch_id: str) -> BatchRow | None:
-        return await self._run("reading a batch", batches.read_batch, self._backend, batch_id)
+        return await self._read("reading a batch", batches.read_batch, self._backend, batch_id)
 
     async def list_batches(
         self, route: str | None, key: str | None, after: str, limit: int
     ) -> list[BatchRow]:
         args = (self._backend, route, key, after, limit)
-        return await self._run("listing batches", batches.list_batches, *args)
+        return await self._read("listing batches", batches.list_batches, *args)
 
     async def cancel_batch(self, batch_id: str, now: float, lines: ErrorLine) -> str | None:
         args = (self._backend, self.instance, batch_id, now, lines)

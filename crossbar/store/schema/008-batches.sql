@@ -63,7 +63,10 @@ CREATE TABLE batch_items (
     result            TEXT NOT NULL DEFAULT '',
     PRIMARY KEY (batch, line)
 );
-CREATE INDEX batch_items_state ON batch_items (state, not_before);
+-- A batch's items by state in claim order: claims walk it and stop at their limit; "has it
+-- ended" reads its prefix.
+CREATE INDEX batch_items_state ON batch_items (batch, state, grp, line);
+CREATE INDEX batch_items_claim ON batch_items (claim);
 
 -- Every change of a batch's status (and its items' expiry), in the transaction that made it.
 CREATE TABLE batch_events (
