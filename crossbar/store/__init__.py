@@ -5,6 +5,7 @@ to another database.
 """
 
 from crossbar.store.batches import (
+    BATCH_ENDED,
     BATCH_STATUSES,
     BatchEvent,
     BatchRow,
@@ -21,6 +22,7 @@ from crossbar.store.setup import check
 from crossbar.store.transfer import MigrateError, migrate_store
 
 __all__ = [
+    "BATCH_ENDED",
     "BATCH_STATUSES",
     "USAGE_GROUPS",
     "BatchEvent",

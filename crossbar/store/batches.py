@@ -22,7 +22,7 @@ from crossbar.store.backends import SQLITE, Backend
 # Batch statuses (OpenAI's).
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
-ENDED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
+ENDED = BATCH_ENDED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
 BATCH_STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING, *ENDED)
 # Item states.
 PENDING, RUNNING, DONE, ITEM_FAILED = "pending", "running", "done", "failed"
