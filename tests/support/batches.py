@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 from twisted.internet import reactor
+from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
 from crossbar.store import BatchRow, Ended, NewItem, Store
@@ -101,6 +102,17 @@ async def run_to_end(crossbar: Crossbar, batch_id: str) -> BatchRow:
         if row is not None and row.status in ENDED:
             return row
         await until(lambda: runner.in_flight == 0, 10)
+    raise AssertionError("the batch never ended")
+
+
+async def ended(store: Store, batch_id: str, deadline: float = 30.0) -> BatchRow:
+    """The batch once a running service's own runner has ended it (its timer ticks each
+    second), checked every 50 ms until `deadline`."""
+    for _ in range(int(deadline / 0.05)):
+        row = await store.read_batch(batch_id)
+        if row is not None and row.status in ENDED:
+            return row
+        await deferLater(reactor, 0.05, lambda: None)
     raise AssertionError("the batch never ended")
 
 
