@@ -14,10 +14,8 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 from twisted.internet.threads import deferToThread
 
-from crossbar.store import BatchRow, Ended, NewItem, Store
+from crossbar.store import BATCH_ENDED, BatchRow, Ended, NewItem, Store
 from tests.support.harness import MODEL, Crossbar, until, wait
-
-ENDED = ("completed", "failed", "expired", "cancelled")
 
 
 def batch_row(
@@ -99,7 +97,7 @@ async def run_to_end(crossbar: Crossbar, batch_id: str) -> BatchRow:
     for _ in range(200):
         await runner.tick()
         row = await store.read_batch(batch_id)
-        if row is not None and row.status in ENDED:
+        if row is not None and row.status in BATCH_ENDED:
             return row
         await until(lambda: runner.in_flight == 0, 10)
     raise AssertionError("the batch never ended")
@@ -110,7 +108,7 @@ async def ended(store: Store, batch_id: str, deadline: float = 30.0) -> BatchRow
     second), checked every 50 ms until `deadline`."""
     for _ in range(int(deadline / 0.05)):
         row = await store.read_batch(batch_id)
-        if row is not None and row.status in ENDED:
+        if row is not None and row.status in BATCH_ENDED:
             return row
         await deferLater(reactor, 0.05, lambda: None)
     raise AssertionError("the batch never ended")
