@@ -4,7 +4,7 @@
 JSON in and out; every error is crossbar's OpenAI-style body. It is given the parts it reads
 and steers (`AdminParts`) and the service's `reload`; a reload hands it the new config. Each
 route reads or calls what it names: the answers' shapes are views.py's, facts.py's and
-pages.py's, the operator's actions actions.py's; who may call it: auth.py.
+pages.py's, batches' batches.py's, the operator's actions actions.py's; who may call it: auth.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 from crossbar.admin import auth as admin_auth
 from crossbar.admin import keys as admin_keys
 from crossbar.admin.actions import Actions, Reload, ReloadRefused
+from crossbar.admin.batches import MAX_BATCH_EVENTS, MAX_BATCHES, BatchViews
 from crossbar.admin.facts import route_facts
 from crossbar.admin.http import MAX_BODY, arg, body_of, json_answer, limit_arg
 from crossbar.admin.metrics import CONTENT_TYPE_LATEST, Metrics
@@ -114,6 +115,7 @@ class Admin:
         self._clock, self._table, self._hosts = p.clock, p.table, p.hosts
         self._limiter, self._store, self._evacuator = p.limiter, p.store, p.evacuator
         self._actions = Actions(p.clock, p.table, p.hosts, reload, p.evacuator)
+        self._batches = BatchViews(p.clock, p.store)
         self._started = p.clock.seconds()
 
     def reconfigure(self, config: Config) -> None:
@@ -298,6 +300,30 @@ class Admin:
         """POST /api/keys/<name>/rotate {"grace": "1h"}: a new secret (in the answer, once);
         the old one stays valid for `grace`."""
         return await admin_keys.rotate(self._keys(), name, body_of(request), self.now())
+
+    # -- batches (batches.py)
+
+    @app.route("/api/batches", methods=["GET"])
+    @api
+    async def batches(self, request: Any) -> dict[str, Any]:
+        """GET /api/batches?route=&key=&status=&after=&limit=: every route's and key's batches,
+        newest first, with progress, tokens and ETA; `next` is the next page's `after`."""
+        where = (arg(request, name) for name in ("route", "key", "status", "after"))
+        limit = limit_arg(request, MAX_BATCHES, default=100)
+        return await self._batches.page(*where, limit)
+
+    @app.route("/api/batches/<batch_id>", methods=["GET"])
+    @api
+    async def batch(self, request: Any, batch_id: str) -> dict[str, Any]:
+        """GET /api/batches/<id>?limit=: the batch and its latest events, newest first."""
+        limit = limit_arg(request, MAX_BATCH_EVENTS, default=100)
+        return await self._batches.show(batch_id, limit)
+
+    @app.route("/api/batches/<batch_id>/cancel", methods=["POST"])
+    @api
+    async def cancel_batch(self, request: Any, batch_id: str) -> dict[str, Any]:
+        """POST /api/batches/<id>/cancel: cancel it as its client would; the batch after."""
+        return await self._batches.cancel(batch_id)
 
     # -- history
 

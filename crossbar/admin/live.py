@@ -1,6 +1,7 @@
 """What /metrics reads from crossbar's live objects when Prometheus scrapes (metrics.py holds
 the counters the usage rows and lease events feed): slots and queues, hosts and leases, router
-places, warmth, the store, upstream connections, refused host reports, keys' refusals."""
+places, warmth, the store, upstream connections, refused host reports, keys' refusals, batches
+(the store's as the batch runner last read them, and this instance's items' outcomes)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Protocol
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from crossbar.admin.labels import host_stands, route_label
+from crossbar.batches import BatchRunner
 from crossbar.cluster import Instances
 from crossbar.config import Config
 from crossbar.hosts import Hosts
 from crossbar.leases import Table, Warmth
 from crossbar.limiter import Limiter
 from crossbar.proxy import ContextGuard, UsageRecorder
+from crossbar.store import BATCH_STATUSES
 from crossbar.tenants import Tenants
 from crossbar.wire import Upstream
 
@@ -34,6 +37,7 @@ class Scraped(Protocol):
     warmth: Warmth | None
     tenants: Tenants | None
     upstream: Upstream | None
+    batches: BatchRunner | None
 
     def key_label(self, name: str) -> str: ...
 
@@ -97,6 +101,46 @@ class Live:
             yield from _upstream(m.config, m.upstream)
         if m.tenants is not None:
             yield from _keys(m)
+        if m.batches is not None:
+            yield from _batches(m.batches)
+
+
+ITEM_STATES = ("pending", "running", "done", "failed")
+OUTCOMES = ("done", "failed", "retried", "lost")  # BatchRunner.outcomes' keys
+
+
+def _batches(runner: BatchRunner) -> Iterator[Metric]:
+    """Every instance's batches by status and the unended ones' items by state, as the runner
+    read them from the store at its last tick (none before its first); and what became of
+    the items this instance ran."""
+    batches = GaugeMetricFamily(
+        "crossbar_batches",
+        "Batches in the store by status, every instance's (ended ones until batch_retention "
+        "prunes them), as of the batch runner's last tick.",
+        labels=["status"],
+    )
+    items = GaugeMetricFamily(
+        "crossbar_batch_items",
+        "Items of the batches that have not ended, by state, every instance's, as of the "
+        "batch runner's last tick.",
+        labels=["state"],
+    )
+    tally = runner.tally
+    if tally is not None:
+        for status in BATCH_STATUSES:
+            batches.add_metric([status], tally.batches.get(status, 0))
+        for state in ITEM_STATES:
+            items.add_metric([state], tally.items.get(state, 0))
+    outcomes = CounterMetricFamily(
+        "crossbar_batch_item_outcomes",
+        "Batch items this instance ran, by what came of each run: done, failed (its error "
+        "line), retried (tried again later); lost: a done or failed result not kept, its "
+        "claim having gone to another instance.",
+        labels=["outcome"],
+    )
+    for outcome in OUTCOMES:
+        outcomes.add_metric([outcome], runner.outcomes.get(outcome, 0))
+    yield from (batches, items, outcomes)
 
 
 def _keys(m: Scraped) -> Iterator[Metric]:

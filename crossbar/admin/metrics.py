@@ -21,6 +21,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from crossbar.admin.labels import UNKNOWN, Seen, host_stands, label_stands, route_label
 from crossbar.admin.live import Live
+from crossbar.batches import BatchRunner
 from crossbar.cluster import Instances
 from crossbar.config import Config
 from crossbar.hosts import Hosts, ModelEvent
@@ -87,7 +88,7 @@ class Metrics:
         self.guard = guard
         self.usage = usage
         self.instances = instances
-        self.batches: Any = None  # this instance's batch runner (wiring sets it)
+        self.batches: BatchRunner | None = None  # this instance's batch runner (wiring sets it)
         self.registry = CollectorRegistry()
         r = self.registry
         self.requests = Counter(

@@ -7,6 +7,7 @@ their claims renewed, ended batches finalized (`runner.py`).
 
 from crossbar.batches.desk import BatchDesk
 from crossbar.batches.lines import ENDPOINTS
+from crossbar.batches.objects import batch_object, not_run_line
 from crossbar.batches.runner import TICK, BatchRunner
 
-__all__ = ["ENDPOINTS", "TICK", "BatchDesk", "BatchRunner"]
+__all__ = ["ENDPOINTS", "TICK", "BatchDesk", "BatchRunner", "batch_object", "not_run_line"]

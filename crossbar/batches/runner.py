@@ -33,7 +33,7 @@ from crossbar.batches.objects import answered_line, failed_line, new_id, not_run
 from crossbar.config import Config
 from crossbar.hosts import Hosts
 from crossbar.proxy import InsideAnswer, InsideRequest
-from crossbar.store import Claim, Ended, FileRow, Store, StoreError
+from crossbar.store import BatchTally, Claim, Ended, FileRow, Store, StoreError
 
 log = Logger(namespace="crossbar.batches")
 
@@ -147,6 +147,7 @@ class BatchRunner:
         self._pruned = float("-inf")
         self.outcomes: Counter[str] = Counter()  # done, failed, retried, lost
         self.degraded = ""  # the store's last failure, while it lasts
+        self.tally: BatchTally | None = None  # the store's batches, as of the last tick
 
     def reconfigure(self, config: Config) -> None:
         self._config = config
@@ -187,7 +188,8 @@ class BatchRunner:
             if not self._running and not await self._store.any_batch_running():
                 self.degraded = ""
                 self._flush()
-                return  # nothing to do: one read a tick, no write
+                await self.refresh_snapshot()
+                return  # nothing to do: two reads a tick, no write
             await self._store.close_ending(now, not_run_line)
             for batch_id in await self._store.start_finalizing(now, now + timeout):
                 await self._finish(batch_id)
@@ -196,6 +198,15 @@ class BatchRunner:
             self._store_failed(e)
         self._flush()
         await self.fill()
+        await self.refresh_snapshot()
+
+    async def refresh_snapshot(self) -> None:
+        """Read every batch by status and the unended ones' items by state (all instances'),
+        which /metrics shows at scrape; when the store cannot answer, the last read stays."""
+        try:
+            self.tally = await self._store.batch_tally()
+        except StoreError as e:
+            self._store_failed(e)
 
     def _store_failed(self, error: StoreError) -> None:
         if not self.degraded:

@@ -301,6 +301,85 @@ def _add_keys(cmds: Any, common: argparse.ArgumentParser) -> None:
     cmd("delete", _keys_delete, "delete a key made through the API")
 
 
+def _batch_row(b: dict[str, Any]) -> list[Any]:
+    progress, tokens, eta = b["progress"], b["tokens"], b["eta_seconds"]
+    return [b["id"], b["route"], b["key"] or "-", b["status"],
+            f"{progress['ended']}/{progress['total']}", b["items"]["failed"], tokens["prompt"],
+            tokens["completion"], None if eta is None else ago(eta),
+            when(b["created_at"])]  # fmt: skip
+
+
+_BATCH_HEADS = ["BATCH", "ROUTE", "KEY", "STATUS", "ENDED", "FAILED", "TOKENS_IN", "TOKENS_OUT",
+                "ETA", "CREATED"]  # fmt: skip
+
+
+def _batches_list(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    query = {"route": a.route, "key": a.key, "status": a.status}
+    limit = 1000 if a.all else a.limit
+    answer = c.call("GET", "/api/batches", limit=limit, after=a.after, **query)
+    while a.all and answer["next"]:
+        more = c.call("GET", "/api/batches", limit=limit, after=answer["next"], **query)
+        answer = {**more, "batches": answer["batches"] + more["batches"]}
+    footer = f"{len(answer['batches'])} batches"
+    if answer["next"]:
+        footer += f"; next page: --after {answer['next']} (or --all)"
+    return answer, table(_BATCH_HEADS, [_batch_row(b) for b in answer["batches"]]) + f"\n{footer}"
+
+
+def _batches_show(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    b = c.call("GET", f"/api/batches/{seg(a.id)}", limit=a.limit)
+    items, tokens = b["items"], b["tokens"]
+    files = ", ".join(f"{name} {b[name + '_file_id']}" for name in ("input", "output", "error")
+                      if b[name + "_file_id"])  # fmt: skip
+    lines = [table(_BATCH_HEADS, [_batch_row(b)]), "",
+             f"{b['endpoint']}, window {b['completion_window']}; files: {files}",
+             f"items: {items['pending']} pending, {items['running']} running, {items['done']} "
+             f"done, {items['failed']} failed",
+             f"tokens: {tokens['prompt']} prompt ({tokens['cached']} cached), "
+             f"{tokens['completion']} completion"]  # fmt: skip
+    for error in (b["errors"] or {}).get("data", []):
+        where = f"line {error['line']}: " if error.get("line") else ""
+        lines.append(f"error: {where}{error['code']}: {error['message']}")
+    events = [[when(e["at"]), e["status"], e["instance"] or "-", e["detail"] or None]
+              for e in b["events"]]  # fmt: skip
+    lines += ["", table(["AT", "STATUS", "INSTANCE", "DETAIL"], events)]
+    return b, "\n".join(lines)
+
+
+def _batches_cancel(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
+    b = c.call("POST", f"/api/batches/{seg(a.id)}/cancel")
+    if b["status"] == "cancelling":
+        running = b["items"]["running"]
+        text = (f"batch {a.id} cancelling: its requests not run go to its error file; "
+                f"{running} running finish first")  # fmt: skip
+    else:
+        text = f"batch {a.id} is {b['status']}: nothing to cancel"
+    return b, text
+
+
+def _add_batches(cmds: Any, common: argparse.ArgumentParser) -> None:
+    text = "batches of every route and key: list (the default), show, cancel"
+    batches = cmds.add_parser("batches", parents=[common], help=text, description=text)
+    batches.set_defaults(func=run, ctl=_batches_list)
+    batches.add_argument("--route", help="only this route's")
+    batches.add_argument("--key", help="only this named key's")
+    batches.add_argument("--status", help="only batches in this status (in_progress, ...)")
+    batches.add_argument("--limit", type=int, default=100, help="at most this many (100)")
+    batches.add_argument("--after", help="the page after this batch (printed under a page)")
+    batches.add_argument("--all", action="store_true", help="every page")
+    sub = batches.add_subparsers(dest="batches_command", metavar="[ACTION]")
+    text = "one batch: its progress, items, tokens, errors and events"
+    p = sub.add_parser("show", parents=[common], help=text, description=text)
+    p.set_defaults(ctl=_batches_show)
+    p.add_argument("id")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many events (default: the API's, 100)")  # fmt: skip
+    text = "cancel a batch as its client would: what has not run ends in its error file"
+    p = sub.add_parser("cancel", parents=[common], help=text, description=text)
+    p.set_defaults(ctl=_batches_cancel)
+    p.add_argument("id")
+
+
 # -- the parser ------------------------------------------------------------------------------
 
 
@@ -372,6 +451,7 @@ def add_parser(sub: Any) -> None:
     p.add_argument("--bucket", help='the width of each point ("1m", the default)')
     cmd("instances", _instances, "the crossbar instances sharing this one's store")
     _add_keys(cmds, common)
+    _add_batches(cmds, common)
     cmd("reload", _reload, "reload the config file; a bad file is refused with every error")
     text = "a refreshing view: hosts' slots and queues, requests/s and cache hits per route, moves"
     p = cmds.add_parser("top", parents=[common], help=text, description=text + "; q quits")

@@ -5,9 +5,11 @@ to another database.
 """
 
 from crossbar.store.batches import (
+    BATCH_ENDED,
     BATCH_STATUSES,
     BatchEvent,
     BatchRow,
+    BatchTally,
     Claim,
     Counts,
     Ended,
@@ -20,10 +22,12 @@ from crossbar.store.setup import check
 from crossbar.store.transfer import MigrateError, migrate_store
 
 __all__ = [
+    "BATCH_ENDED",
     "BATCH_STATUSES",
     "USAGE_GROUPS",
     "BatchEvent",
     "BatchRow",
+    "BatchTally",
     "ChangeRow",
     "Claim",
     "Counts",

@@ -22,7 +22,7 @@ from crossbar.store.backends import SQLITE, Backend
 # Batch statuses (OpenAI's).
 VALIDATING, FAILED, IN_PROGRESS, FINALIZING = "validating", "failed", "in_progress", "finalizing"
 COMPLETED, EXPIRED, CANCELLING, CANCELLED = "completed", "expired", "cancelling", "cancelled"
-ENDED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
+ENDED = BATCH_ENDED = (FAILED, COMPLETED, EXPIRED, CANCELLED)
 BATCH_STATUSES = (VALIDATING, IN_PROGRESS, FINALIZING, CANCELLING, *ENDED)
 # Item states.
 PENDING, RUNNING, DONE, ITEM_FAILED = "pending", "running", "done", "failed"
@@ -323,12 +323,14 @@ def read_batch(txn: Transaction, backend: Backend, batch_id: str) -> BatchRow | 
 
 
 def list_batches(
-    txn: Transaction, backend: Backend, route: str | None, key: str | None, after: str, limit: int
-) -> list[BatchRow]:
-    """Batches newest first (a route and key's, or every one's for None), after `after`'s."""
+    txn: Transaction, backend: Backend, route: str | None, key: str | None, after: str, limit: int,
+    status: str | None = None,
+) -> list[BatchRow]:  # fmt: skip
+    """Batches newest first (a route and key's, or every one's for None; of one `status`, or
+    any), after `after`'s."""
     where: list[str] = []
     args: list[object] = []
-    for column, value in (("route", route), ("key", key)):
+    for column, value in (("route", route), ("key", key), ("status", status)):
         if value is not None:
             where.append(f"{column} = ?")
             args.append(value)
@@ -341,6 +343,44 @@ def list_batches(
     rows = txn.fetchall()
     counts = _counts(txn, backend, [r[0] for r in rows])
     return [_batch(r, counts.get(r[0], Counts())) for r in rows]
+
+
+def batch_report(
+    txn: Transaction, backend: Backend, batch_id: str, limit: int
+) -> tuple[BatchRow | None, list[BatchEvent]]:
+    """A batch with its counts and its latest `limit` events, newest first, in one read."""
+    row = read_batch(txn, backend, batch_id)
+    return row, (list_events(txn, backend, batch_id, limit) if row is not None else [])
+
+
+@frozen
+class BatchTally:
+    """The store's batches by status (every status, 0 for none), and the items of the batches
+    that have not ended by state (pending, running, done, failed)."""
+
+    batches: dict[str, int]
+    items: dict[str, int]
+
+
+def tally(txn: Transaction, backend: Backend) -> BatchTally:
+    """How many batches the store holds in each status, and the items of those not ended in
+    each state: two grouped counts, what /metrics shows of every instance's batches."""
+    txn.execute(backend.sql("SELECT status, COUNT(*) FROM batches GROUP BY status"))
+    batches = dict.fromkeys(BATCH_STATUSES, 0)
+    for status, n in txn.fetchall():
+        batches[str(status)] = int(n)
+    marks = ", ".join("?" * len(ENDED))
+    txn.execute(
+        backend.sql(
+            "SELECT i.state, COUNT(*) FROM batch_items i JOIN batches b ON b.id = i.batch "
+            f"WHERE b.status NOT IN ({marks}) GROUP BY i.state"
+        ),
+        ENDED,
+    )
+    items = dict.fromkeys((PENDING, RUNNING, DONE, ITEM_FAILED), 0)
+    for state, n in txn.fetchall():
+        items[str(state)] = int(n)
+    return BatchTally(batches, items)
 
 
 def cancel_batch(

@@ -29,7 +29,16 @@ from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
 from crossbar.store import batches
 from crossbar.store.backends import REPORT_TIMEOUT, SQLITE, STORE_TIMEOUT, Backend, backend_for
-from crossbar.store.batches import BatchEvent, BatchRow, Claim, Ended, ErrorLine, FileRow, NewItem
+from crossbar.store.batches import (
+    BatchEvent,
+    BatchRow,
+    BatchTally,
+    Claim,
+    Ended,
+    ErrorLine,
+    FileRow,
+    NewItem,
+)
 from crossbar.store.group import GroupCommit, write_group
 from crossbar.store.keys import (
     create_key,
@@ -378,6 +387,26 @@ class Store:
     ) -> list[BatchRow]:
         args = (self._backend, route, key, after, limit)
         return await self._read("listing batches", batches.list_batches, *args)
+
+    async def batch_page(
+        self, route: str | None, key: str | None, status: str | None, after: str, limit: int
+    ) -> list[BatchRow]:
+        """Batches newest first, of every route and key unless one is given, for the admin
+        API (on the reports' connection: counting a page's items never holds a write up)."""
+        args = (self._backend, route, key, after, limit, status)
+        return await self._read("listing batches", batches.list_batches, *args)
+
+    async def batch_report(
+        self, batch_id: str, events: int
+    ) -> tuple[BatchRow | None, list[BatchEvent]]:
+        """A batch and its latest `events` events, newest first (on the reports' connection)."""
+        args = (self._backend, batch_id, events)
+        return await self._read("reading a batch", batches.batch_report, *args)
+
+    async def batch_tally(self) -> BatchTally:
+        """Batches by status, and the items of those not ended by state (on the reports'
+        connection; the batch runner reads it each second for /metrics)."""
+        return await self._read("counting batches", batches.tally, self._backend)
 
     async def cancel_batch(self, batch_id: str, now: float, lines: ErrorLine) -> str | None:
         args = (self._backend, self.instance, batch_id, now, lines)

@@ -3,6 +3,7 @@
 import re
 from html import unescape
 
+import openai
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
@@ -12,6 +13,7 @@ from twisted.internet.threads import deferToThread
 from crossbar.testing.fakerouter import FakeRouter
 from crossbar.testing.fakestate import FakeConfig
 from tests.support.admin_harness import conversation, start_service, write_config
+from tests.support.batches import add_batch, batch_row, end_items, ended, submit
 from tests.support.browser import CHROMIUM, element, render
 from tests.support.harness import MODEL, start_fakes, turn, until, wait
 from tests.support.routes import CONVO_AND_SOLO
@@ -164,3 +166,45 @@ async def test_a_router_mode_hosts_models_loaded_and_their_states_are_shown(tmp_
     finally:
         await running.stop()
         await router.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_dashboard_shows_each_batchs_progress_tokens_and_eta(crossbar, tmp_path):
+    store = crossbar.parts.store
+    oai = openai.OpenAI(base_url=f"{crossbar.proxy_url}/r/convo/v1", api_key="-", max_retries=0)
+    done = await ended(store, await submit(oai, 3))  # run by the service's own runner
+    crossbar.parts.batches.halt()  # from here on the batches stay as the story makes them
+    now = reactor.seconds()
+    await add_batch(store, batch_row("batch_waiting", "convo", "", created=now, total=6))
+    # Half of this one ended in its first 100 seconds (one answered, one failed): the rest
+    # should take as long again.
+    await add_batch(store, batch_row("batch_half", "solo", "alice", created=now - 100, total=4))
+    await end_items(store, "batch_half", done=1, failed=1, now=now, tokens=(1500, 0, 25))
+
+    url = f"{crossbar.admin_url}/#token=dash-token"
+    dom = await wait(deferToThread(render, url, tmp_path / "profile"), 120)
+
+    assert element(dom, "errors") == "", unescape(element(dom, "errors"))
+    table = element(dom, "batches")
+    for head in ("batch", "route", "key", "status", "progress", "tokens in / out", "ETA"):
+        assert f">{head}<" in table, head
+
+    def cells(batch_id: str) -> list[str]:
+        row = re.search(rf'<tr data-batch="{batch_id}" data-status="(\w+)".*?</tr>', table, re.S)
+        assert row, batch_id
+        return [row.group(1), *re.findall(r"<td[^>]*>(.*?)</td>", row.group(0), re.S)]
+
+    status, _, route, key, shown, progress, tokens, eta, _, button = cells(done.id)
+    assert (status, route, key) == ("completed", "convo", "\u2013")  # no named key
+    assert shown == '<span class="ok">completed</span>'
+    assert progress.endswith(" 3/3</span>") and "failed" not in progress
+    assert tokens == f"{done.counts.prompt_tokens:,} / {done.counts.completion_tokens:,}"
+    assert (eta, button) == ("\u2013", "")  # ended: no ETA, nothing to cancel
+    status, _, route, _, _, progress, tokens, eta, _, button = cells("batch_waiting")
+    assert (status, route, tokens) == ("in_progress", "convo", "0 / 0")
+    assert progress.endswith(" 0/6</span>")
+    assert eta == "\u2013" and ">cancel<" in button  # nothing ended yet: no pace to go by
+    status, _, route, key, _, progress, tokens, eta, _, button = cells("batch_half")
+    assert (status, route, key, tokens) == ("in_progress", "solo", "alice", "1,500 / 25")
+    assert ' 2/4<span class="bad">, 1 failed</span>' in progress
+    assert re.fullmatch(r'<span title="at the pace so far">2m</span>', eta), eta

@@ -57,7 +57,7 @@ function el(tag, attrs, ...children) {
 
 function fill(id, heads, rows, empty) {
   const table = $(id);
-  table.replaceChildren(el("tr", {}, ...heads.map((h) => el("th", { class: /^[#0-9]|tokens|ms|%|requests|errors|slots|queue|leases|idle|ctx|priority|weight|flight|wait\b|tok\/s/.test(h) ? "num" : null }, h))));
+  table.replaceChildren(el("tr", {}, ...heads.map((h) => el("th", { class: /^[#0-9]|tokens|ms|%|requests|errors|slots|queue|leases|idle|ctx|priority|weight|flight|wait\b|tok\/s|^ETA$/.test(h) ? "num" : null }, h))));
   if (!rows.length) table.append(el("tr", {}, el("td", { colspan: heads.length, class: "muted" }, empty)));
   for (const row of rows) table.append(row);
 }
@@ -192,9 +192,10 @@ function waiting(byRoute) {
 
 // weight null: the route waits in its priority's shared FIFO line.
 const share = (r) => (r.weight === null || r.weight === undefined ? "shared" : num(r.weight));
-const PAGE = { routes: 20, leases: 50, top: 10 };
-// Where each paged table is: its cursors so far (the first page has none).
-const pages = { routes: [null], leases: [null] };
+const PAGE = { routes: 20, leases: 50, top: 10, batches: 10 };
+// Where each paged table is: its cursors so far (the first page has none; a batch page's
+// cursor is the last batch id of the page before).
+const pages = { routes: [null], leases: [null], batches: [null] };
 
 function pager(id, kind, answer) {
   const at = pages[kind].length - 1;
@@ -231,6 +232,44 @@ function renderLeases(answer) {
     el("tr", { "data-lease": `${l.route}/${l.fp}/${l.model}` }, td(l.route),
       td(el("code", {}, l.fp || "(route)")), td(l.model), td(l.host), td(ago(l.idle_for), "num"))),
     "no leases");
+}
+
+// The Batch API's batches: whose, how far (items ended of the total, failed among them), their
+// tokens and when they should end at the pace so far; a cancel button while one may be cancelled.
+const BATCH_CLASS = { completed: "ok", failed: "bad", expired: "bad", cancelling: "warn",
+                      cancelled: "warn", in_progress: "", validating: "muted", finalizing: "muted" };
+function renderBatches(answer) {
+  pager("batch-pager", "batches", answer);
+  fill("batches", ["batch", "route", "key", "status", "progress", "tokens in / out", "ETA",
+                   "created", ""], answer.batches.map((b) =>
+    el("tr", { "data-batch": b.id, "data-status": b.status }, td(el("code", {}, b.id)),
+      td(b.route), td(b.key || "–"), td(el("span", { class: BATCH_CLASS[b.status] || null }, b.status)),
+      td(progress(b)), td(`${num(b.tokens.prompt)} / ${num(b.tokens.completion)}`, "num"),
+      td(eta(b), "num"), td(clock(b.created_at)), td(cancel(b)))),
+    "no batches");
+}
+
+function progress(b) {
+  const p = b.progress;
+  const failed = b.items.failed ? el("span", { class: "bad" }, `, ${num(b.items.failed)} failed`) : "";
+  return el("span", { title: `${b.items.pending} pending, ${b.items.running} running, ${b.items.done} done` },
+    el("progress", { max: String(p.total || 1), value: String(p.total ? p.ended : 0) }), " ",
+    `${num(p.ended)}/${num(p.total)}`, failed);
+}
+
+// At the pace so far; marked when that pace would not end the batch within its window.
+function eta(b) {
+  if (b.eta_seconds === null || b.eta_seconds === undefined) return "–";
+  const late = b.expires_at && Date.now() / 1000 + b.eta_seconds > b.expires_at;
+  return el("span", { class: late ? "warn" : null,
+                      title: late ? `at this pace it ends after its window (${clock(b.expires_at)})` : "at the pace so far" },
+    ago(b.eta_seconds));
+}
+
+function cancel(b) {
+  if (b.status !== "in_progress" && b.status !== "validating") return "";
+  const question = `Cancel batch ${b.id} of route ${b.route}? Its requests not run go to its error file; those running finish.`;
+  return el("button", { type: "button", onclick: () => act("POST", `/api/batches/${encodeURIComponent(b.id)}/cancel`, question) }, "cancel");
 }
 
 function renderTotals(status, routes, usage) {
@@ -364,6 +403,7 @@ function filters() {
     routes: q({ limit: PAGE.routes, route: looksLikeFp ? "" : text, cursor: pages.routes.at(-1) }),
     leases: q({ limit: PAGE.leases, route: looksLikeFp ? "" : text, fp: looksLikeFp ? text : "",
                 cursor: pages.leases.at(-1) }),
+    batches: q({ limit: PAGE.batches, route: looksLikeFp ? "" : text, after: pages.batches.at(-1) }),
   };
 }
 
@@ -392,7 +432,7 @@ async function refreshOnce() {
   fetched = 0;
   try {
     const [status, hosts, routes, leases, events, busiest, worst, moves, series, instances,
-           keyUsage] =
+           keyUsage, batches] =
       await Promise.all([
         api("GET", "/api/status"), api("GET", "/api/hosts"), api("GET", `/api/routes?${f.routes}`),
         api("GET", `/api/leases?${f.leases}`), api("GET", "/api/events?limit=25"),
@@ -401,7 +441,8 @@ async function refreshOnce() {
         api("GET", `/api/moves?${since}&limit=${PAGE.top}`),
         api("GET", `/api/usage/series?${since}&bucket=${bucket}s&top=8`),
         api("GET", "/api/instances"),
-        api("GET", `/api/usage?by=key&${since}&sort=requests&limit=${PAGE.top}`)]);
+        api("GET", `/api/usage?by=key&${since}&sort=requests&limit=${PAGE.top}`),
+        api("GET", `/api/batches?${f.batches}`)]);
     // Only the top keys' limits and budgets: a fleet may have thousands of keys.
     const top = keyUsage.usage.map((u) => u.key).filter((k) => k);
     const keys = top.length
@@ -410,7 +451,7 @@ async function refreshOnce() {
     renderTotals(status, routes, busiest.usage); renderHosts(hosts.hosts);
     renderRoutes(routes); renderLeases(leases); renderEvents(events.events);
     renderUsage(busiest.usage, worst.usage); renderMoves(moves.moves); renderChart(series);
-    renderInstances(instances); renderKeys(keys.keys, keyUsage.usage);
+    renderInstances(instances); renderKeys(keys.keys, keyUsage.usage); renderBatches(batches);
     refreshes += 1;
     const body = document.body.dataset;
     if (refreshes === 1) body.firstPaintMs = String(Math.round(performance.now()));
@@ -426,7 +467,9 @@ async function refreshOnce() {
 let searchTimer = null;
 $("search").addEventListener("input", () => {  // a new search starts at the first page
   clearTimeout(searchTimer);
-  searchTimer = setTimeout(() => { pages.routes = [null]; pages.leases = [null]; refresh(); }, 300);
+  searchTimer = setTimeout(() => {
+    pages.routes = [null]; pages.leases = [null]; pages.batches = [null]; refresh();
+  }, 300);
 });
 $("window").addEventListener("change", refresh);
 $("token-button").addEventListener("click", askToken);
