@@ -41,6 +41,7 @@ _BUDGET = re.compile(r"\((tokens_per_day|tokens_per_month)\)")
 _PAUSE_MAX = 60.0  # the longest pause before an item is tried again
 TICK = 1.0  # the runner's timer: claims renewed, ends closed, batches finalized, items claimed
 PRUNE_EVERY = 3600.0  # ended batches past batch_retention are pruned this often
+TALLY_EVERY = 5.0  # the batches and items /metrics shows are read this often (they count rows)
 
 Inside = Callable[[InsideRequest], Deferred[InsideAnswer]]
 
@@ -145,6 +146,7 @@ class BatchRunner:
         self._halted = False
         self._renewed = clock.seconds()
         self._pruned = float("-inf")
+        self._tallied = float("-inf")
         self.outcomes: Counter[str] = Counter()  # done, failed, retried, lost
         self.degraded = ""  # the store's last failure, while it lasts
         self.tally: BatchTally | None = None  # the store's batches, as of the last tick
@@ -188,8 +190,8 @@ class BatchRunner:
             if not self._running and not await self._store.any_batch_running():
                 self.degraded = ""
                 self._flush()
-                await self.refresh_snapshot()
-                return  # nothing to do: two reads a tick, no write
+                await self._tally(now)
+                return  # nothing to do: one read a tick, no write
             await self._store.close_ending(now, not_run_line)
             for batch_id in await self._store.start_finalizing(now, now + timeout):
                 await self._finish(batch_id)
@@ -198,7 +200,12 @@ class BatchRunner:
             self._store_failed(e)
         self._flush()
         await self.fill()
-        await self.refresh_snapshot()
+        await self._tally(now)
+
+    async def _tally(self, now: float) -> None:
+        if now - self._tallied >= TALLY_EVERY or self.tally is None:
+            self._tallied = now
+            await self.refresh_snapshot()
 
     async def refresh_snapshot(self) -> None:
         """Read every batch by status and the unended ones' items by state (all instances'),
@@ -225,6 +232,7 @@ class BatchRunner:
         status = await self._store.finish_batch(batch_id, now, output, error)
         if status is not None:
             log.info("batch {id} {status}", id=batch_id, status=status)
+            self._tallied = float("-inf")  # a batch ended: /metrics hears it at this tick
 
     async def fill(self) -> None:
         """Claim items while this instance has room for them."""

@@ -40,14 +40,15 @@ def test_the_proxy_port_opens_only_after_the_first_probe_round():
     reactor.advance(2)  # ...until health_timeout ends the round.
     assert service.ready.called
     assert listening(reactor) == [(8080, "127.0.0.1"), (8081, "127.0.0.1")]
-    timers = ["probes", "sweep", "follow", "heartbeat", "keys", "rebalance"]
+    timers = ["probes", "sweep", "follow", "heartbeat", "keys", "rebalance", "batches"]
     assert [s.name for s in service] == [*timers, "proxy", "admin"]
     kinds = [type(s) for s in service]
-    assert kinds[6:] == [StreamServerEndpointService] * 2
+    assert kinds[7:] == [StreamServerEndpointService] * 2
     assert kinds[0] is ProbeSchedule  # each host at its own phase of health_interval
-    assert all(issubclass(k, TimerService) for k in kinds[1:6])
+    assert all(issubclass(k, TimerService) for k in kinds[1:7])
     assert service.getServiceNamed("probes").interval == 5.0
-    assert [service.getServiceNamed(n).step for n in timers[1:]] == [30.0, 0.25, 5.0, 1.0, 1.0]
+    steps = [service.getServiceNamed(n).step for n in timers[1:]]
+    assert steps == [30.0, 0.25, 5.0, 1.0, 1.0, 1.0]
     service.stopService()
     reactor.advance(0)
     assert store.closed

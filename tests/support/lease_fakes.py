@@ -138,6 +138,17 @@ class MemoryStore:
     async def forget_instance(self, instance: str) -> None:
         pass
 
+    # No batches are ever made on this store: the batch runner's timer finds none.
+
+    async def any_batch_running(self) -> bool:
+        return False
+
+    async def prune_batches(self, before: float) -> int:
+        return 0
+
+    async def release_claims(self, token: str) -> int:
+        return 0
+
     # Client keys, in memory: the config's seeded, nothing shared.
 
     async def list_keys(self, names: Iterable[str] | None = None) -> list:
