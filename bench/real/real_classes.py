@@ -222,6 +222,22 @@ async def run_batch(reactor: Any, url: str, flex: bool) -> tuple[float, int, int
     return reactor.seconds() - began, tokens[0], failed[0], errors[0]
 
 
+async def run_agents(reactor: Any, url: str, turns: int = TURNS) -> list[TurnResult]:
+    """The agents: `AGENTS` conversations at once, each `turns` streamed turns (`AGENT_TOKENS`
+    tokens) thinking `THINK` s between two, every turn sent to `url`."""
+    workload = Workload(AGENTS, turns, AGENTS, max_tokens=AGENT_TOKENS, stream=True)
+    thinks = ((0.0,) + (THINK,) * (turns - 1),) * AGENTS
+    phases = [Phase("agents", tuple(range(AGENTS)), thinks, AGENTS)]
+    return await run_phases(reactor, through(url), workload, phases, lambda _h, _u: "")
+
+
+def agent_times(results: list[TurnResult]) -> tuple[float, float, float]:
+    """The agents' TTFT p50 and p99 and turn p99 over their later turns (2 on) answered whole."""
+    later = [r for r in results if r.turn > 1 and r.status == 200 and not r.error]
+    ttft = [r.ttft_s for r in later if r.ttft_s is not None]
+    return percentile(ttft, 50), percentile(ttft, 99), percentile([r.seconds for r in later], 99)
+
+
 async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
     """One layout's run, from fresh hosts; its processes stopped after."""
     out = sitting.progress
@@ -232,21 +248,13 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
     try:
         agents_url, batch_url, process = await start_fleet(reactor, sitting, layout, label)
         before = cpu_seconds(process.pid)
-        workload = Workload(AGENTS, TURNS, AGENTS, max_tokens=AGENT_TOKENS, stream=True)
-        thinks = ((0.0,) + (THINK,) * (TURNS - 1),) * AGENTS
-        phases = [Phase("agents", tuple(range(AGENTS)), thinks, AGENTS)]
         batch = None
         if layout != "alone":
             flex = layout.removesuffix(BEFORE) in ("classes", "no-yield", "yielding")
             batch = defer.ensureDeferred(run_batch(reactor, batch_url, flex))
             await task.deferLater(reactor, BATCH_LEAD, lambda: None)
-        results: list[TurnResult] = await run_phases(
-            reactor, through(agents_url), workload, phases, lambda _h, _u: ""
-        )
-        later = [r for r in results if r.turn > 1 and r.status == 200 and not r.error]
-        ttft = [r.ttft_s for r in later if r.ttft_s is not None]
-        run.ttft_p50_s, run.ttft_p99_s = percentile(ttft, 50), percentile(ttft, 99)
-        run.turn_p99_s = percentile([r.seconds for r in later], 99)
+        results = await run_agents(reactor, agents_url)
+        run.ttft_p50_s, run.ttft_p99_s, run.turn_p99_s = agent_times(results)
         run.failed = sum(1 for r in results if r.error)
         run.error = next((r.error for r in results if r.error), "")
         run.turns = [asdict(r) for r in results]
@@ -316,12 +324,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.layouts = [x for x in args.layouts if not x.endswith(BEFORE)]
     if set(args.layouts) - set(LAYOUTS) or args.runs < 1:
         p.error(f"--layouts of {list(LAYOUTS)}; --runs at least 1")
+    llama_paths(p, args)
+    return args
+
+
+def llama_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """`args.llama_server` and `args.llama_model` from LLAMA_SERVER and LLAMA_MODEL, else
+    `make real`'s build; `p.error` when either file is missing."""
     args.llama_server = os.environ.get("LLAMA_SERVER") or str(LLAMA_SERVER)
     args.llama_model = os.environ.get("LLAMA_MODEL") or str(LLAMA_MODEL)
     for what, path in (("LLAMA_SERVER", args.llama_server), ("LLAMA_MODEL", args.llama_model)):
         if not Path(path).is_file():
             p.error(f"{what}: no {path} (run `make real`, or set {what})")
-    return args
 
 
 def main(argv: list[str] | None = None) -> int:
