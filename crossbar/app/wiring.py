@@ -8,6 +8,7 @@ their sites with `make_sites`, so what is tested is what runs.
 from __future__ import annotations
 
 import gc
+from functools import partial
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -171,12 +172,25 @@ async def build_parts(
     sweep = Sweep(config, table, store, reactor)
     desk = BatchDesk(config, reactor, store, hosts)
     batches = BatchRunner(config, reactor, store, hosts)
+    batches.spare = partial(_batch_spare, hosts, limiter, batches)
     metrics.batches = batches
     return Parts(
         reactor, store, journal, hosts, limiter, table, warmth, upstream, ids, guard, usage,
         metrics, instances, tenants, follower, handoff, sweep, desk, batches, loaded, tracing,
         genai,
     )  # fmt: skip
+
+
+def _batch_spare(hosts: Hosts, limiter: Limiter, runner: BatchRunner) -> int:
+    """The batch requests the healthy, non-draining hosts could start now under their batch
+    caps (their batch room; a queue past a cap counts against it), what the batch runner
+    claims by."""
+    total = 0
+    for name in hosts.names():
+        if hosts.healthy(name) and not hosts.draining(name):
+            for model in hosts.models(name):
+                total += max(0, limiter.batch_room(name, model.name))
+    return total
 
 
 class _GatedDrains:

@@ -135,6 +135,9 @@ class BatchRunner:
         self._store = store
         self._hosts = hosts
         self.inside: Inside | None = None  # the proxy's way in (wiring sets it)
+        # Batch requests the hosts could start now under their batch caps (wiring sets it from
+        # the limiter's batch room).
+        self.spare: Callable[[], int] = self._every_slot
         # This process's claims: a restart of the same instance must not find its old ones
         # still its own, so the token is new for each run.
         self.token = f"{store.instance}.{secrets.token_hex(4)}"
@@ -159,18 +162,27 @@ class BatchRunner:
         """Items this instance runs now."""
         return len(self._running)
 
-    def room(self) -> int:
-        """Items this instance runs at once: `batch_in_flight`, else every slot of the healthy
-        hosts and one more a host (waiting at the host, ready for the next free slot)."""
+    def want(self) -> int:
+        """Items to claim now. With `batch_in_flight` set: up to that many running. Else as
+        many as the hosts' batch caps let start now (`spare`: what people leave free; an item
+        sent where none is free would only queue there, while another host's slot frees), and
+        one at least while none runs, so a batch beside hosts people keep busy still waits
+        its turn (and ages) in a queue."""
         chosen = self._config.server.batch_in_flight
         if chosen:
-            return chosen
+            return chosen - len(self._running)
+        spare = self.spare()
+        return max(spare, 0 if self._running else 1)
+
+    def _every_slot(self) -> int:
+        """Without the limiter's word (`spare`): every slot of the healthy, non-draining hosts
+        and one more a host, less what runs."""
         hosts = self._hosts
-        total = 0
-        for name in hosts.names():
-            if hosts.healthy(name) and not hosts.draining(name):
-                total += 1 + sum(hosts.parallel(name, m.name) for m in hosts.models(name))
-        return max(1, total)
+        return sum(
+            1 + sum(hosts.parallel(name, m.name) for m in hosts.models(name))
+            for name in hosts.names()
+            if hosts.healthy(name) and not hosts.draining(name)
+        ) - len(self._running)
 
     async def tick(self) -> None:
         """The timer's work: renew claims, end what ending batches leave, finalize, claim."""
@@ -241,7 +253,7 @@ class BatchRunner:
         self._claiming = True
         try:
             while not self._halted:
-                want = self.room() - len(self._running)
+                want = self.want()
                 if want <= 0:
                     return
                 now = self._clock.seconds()
@@ -255,7 +267,9 @@ class BatchRunner:
                     self._renewed = now  # what was claimed now runs until now + timeout
                 for claim in claims:
                     self._start(claim)
-                if len(claims) < want:
+                if len(claims) < want or not self._config.server.batch_in_flight:
+                    # By the hosts' batch room, one claim a time: the items just started are
+                    # not in the limiter yet, so the room read again now would count them free.
                     return
         finally:
             self._claiming = False

@@ -43,7 +43,7 @@ class Proxy:
         self.waiting: list[tuple[InsideRequest, Deferred[InsideAnswer]]] = []
 
     def __call__(self, request: InsideRequest) -> Deferred[InsideAnswer]:
-        d: Deferred[InsideAnswer] = Deferred()
+        d = request.answered  # as the proxy's: an aborted item fails it
         self.waiting.append((request, d))
         return d
 
@@ -172,10 +172,15 @@ class Request:
 
 
 @pytest.fixture
-def story() -> Iterator[Story]:
+def store_and_clock() -> Iterator[tuple[Store, Clock]]:
     store = pytest_twisted.blockon(Deferred.fromCoroutine(Store.open(":memory:", reactor, "one")))
-    yield Story(store, Clock())
+    yield store, Clock()
     pytest_twisted.blockon(Deferred.fromCoroutine(store.close()))
+
+
+@pytest.fixture
+def story(store_and_clock: tuple[Store, Clock]) -> Story:
+    return Story(*store_and_clock)
 
 
 @pytest_twisted.ensureDeferred
@@ -369,7 +374,8 @@ async def test_a_clean_stop_gives_its_claims_back_at_once(story: Story) -> None:
     second = story.runner_of(story.store)
     await story.tick(second)
     assert len(story.proxy.waiting) == 2  # the stopped one's (aborted) and the second's
-    story.proxy.waiting.pop(0)
+    stopped, _ = story.proxy.waiting.pop(0)
+    assert stopped.finished  # aborted by the stop
     story.proxy.answer(200, ok())
     await second.settled()
     await story.tick(second)
@@ -394,3 +400,24 @@ async def test_ended_batches_and_their_files_are_pruned_after_the_retention(stor
     assert await story.store.file_content(row.output_file_id) is None
     assert await story.store.file_content(row.input_file_id) is None
     assert await story.status(running) in ("in_progress", "expired")
+
+
+@pytest_twisted.ensureDeferred
+async def test_by_default_items_start_as_the_hosts_batch_room_allows_and_one_waits_when_none(
+    store_and_clock: tuple[Store, Clock],
+) -> None:
+    story = Story(*store_and_clock, batch_in_flight=0)
+    room = [0]
+    story.runner.spare = lambda: room[0]
+    await story.batch(5)
+    await story.tick()
+    assert len(story.proxy.waiting) == 1  # no room anywhere: one waits its turn (and ages)
+    await story.tick()
+    assert len(story.proxy.waiting) == 1  # and no more join it
+    room[0] = 3
+    await story.tick()
+    assert len(story.proxy.waiting) == 4  # three more, where the caps let them start now
+    room[0] = 0
+    story.proxy.answer(200, ok())
+    await story.runner.settled()
+    assert len(story.proxy.waiting) == 3  # the slot it freed is people's again: none claimed
