@@ -8,9 +8,9 @@ their sites with `make_sites`, so what is tested is what runs.
 from __future__ import annotations
 
 import gc
-from functools import partial
 import uuid
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from attrs import astuple, frozen
