@@ -98,7 +98,7 @@ LAYOUTS = ("agents-alone", "batch-alone", "batch-agents", "pool-agents")
 WITH_AGENTS = ("agents-alone", "batch-agents", "pool-agents")
 PORTS = range(24000, 25000)
 CHECKOUT = Path(__file__).resolve().parents[2]  # the crossbar this bench runs
-ITEMS, ITEM_TOKENS, POOL_THREADS = 1000, 32, 8
+ITEMS, ITEM_TOKENS, POOL_THREADS = 1000, 16, 8
 POLL = 0.5  # seconds between two batches.retrieve
 ENDED = ("completed", "failed", "expired", "cancelled")
 ANSWER_SECONDS = 300.0  # one item's answer for the pool, on a busy 2-core machine
@@ -255,7 +255,9 @@ def prompt_of(i: int, items: int, interleave: bool) -> int:
     return i % len(SYSTEMS) if interleave else i * len(SYSTEMS) // items
 
 
-def item_body(i: int, items: int, interleave: bool) -> dict[str, Any]:
+def item_body(
+    i: int, items: int, interleave: bool, max_tokens: int = ITEM_TOKENS
+) -> dict[str, Any]:
     """Item `i`'s chat completion request, as the batch's line and the pool send it: its system
     prompt, and a short user message of its own (its numbers) of the kind the prompt reads."""
     kind = prompt_of(i, items, interleave)
@@ -267,17 +269,17 @@ def item_body(i: int, items: int, interleave: bool) -> dict[str, Any]:
             {"role": "system", "content": SYSTEMS[kind]},
             {"role": "user", "content": opening.format(1000 + i) + ask},
         ],
-        "max_tokens": ITEM_TOKENS,
+        "max_tokens": max_tokens,
         "temperature": 0,
     }
 
 
-def input_file(items: int, interleave: bool) -> bytes:
+def input_file(items: int, interleave: bool, max_tokens: int = ITEM_TOKENS) -> bytes:
     """The batch's input file: one request line a item."""
     url = "/v1/chat/completions"
     lines = []
     for i in range(items):
-        body = item_body(i, items, interleave)
+        body = item_body(i, items, interleave, max_tokens)
         line = {"custom_id": f"item-{i}", "method": "POST", "url": url, "body": body}
         lines.append(json.dumps(line))
     return ("\n".join(lines) + "\n").encode()
@@ -311,6 +313,7 @@ class Job:
 
     items: int
     interleave: bool = False
+    max_tokens: int = ITEM_TOKENS
     batch_id: str = ""
     began: float = 0.0  # the batch created, the pool's first request sent
     wall_s: float = 0.0
@@ -352,7 +355,8 @@ def batch_job(oai: openai.OpenAI, job: Job, halt: threading.Event, started: Star
     items = job.items
     try:
         uploaded = oai.files.create(
-            file=("items.jsonl", io.BytesIO(input_file(items, job.interleave))), purpose="batch"
+            file=("items.jsonl", io.BytesIO(input_file(items, job.interleave, job.max_tokens))),
+            purpose="batch",
         )
         batch = oai.batches.create(
             input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
@@ -375,6 +379,9 @@ def batch_job(oai: openai.OpenAI, job: Job, halt: threading.Event, started: Star
         last = job.samples[-1] if job.samples else sample_of(batch)
         job.completed, job.output_tokens = last.completed, last.output_tokens
         job.failed = items - last.completed  # failed, expired, cancelled or never run
+        if halt.is_set() and batch.status == "cancelled":
+            job.failed = last.failed - _cancelled(oai, batch)  # stopped on purpose: not failed
+            job.note("stopped once the agents were done")
         if batch.status != "completed":
             job.note(f"batch {batch.status}: {batch.errors}")
         if batch.output_file_id:
@@ -395,6 +402,16 @@ def batch_job(oai: openai.OpenAI, job: Job, halt: threading.Event, started: Star
     return job
 
 
+def _cancelled(oai: openai.OpenAI, batch: Any) -> int:
+    """The batch's requests that never ran because it was cancelled."""
+    if not batch.error_file_id:
+        return 0
+    lines = oai.files.content(batch.error_file_id).text.splitlines()
+    return sum(
+        1 for x in lines if (json.loads(x).get("error") or {}).get("code") == "batch_cancelled"
+    )
+
+
 def pool_job(
     oai: openai.OpenAI, job: Job, threads: int, halt: threading.Event, started: Started
 ) -> Job:
@@ -402,13 +419,12 @@ def pool_job(
     items, lock = job.items, threading.Lock()
 
     def one(i: int) -> None:
-        if halt.is_set():
-            with lock:
-                job.failed += 1
-                job.note("the run stopped")
+        if halt.is_set():  # stopped once the agents were done, or the run stopped
             return
         try:
-            answer = oai.chat.completions.create(**item_body(i, items, job.interleave))
+            answer = oai.chat.completions.create(
+                **item_body(i, items, job.interleave, job.max_tokens)
+            )
             tokens = answer.usage.completion_tokens if answer.usage else 0
             with lock:
                 job.answers.append((time.time(), tokens))
@@ -492,7 +508,7 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
     label = f"{sitting.runs:02d}-{layout}"
     run = Run(layout, load_before=os.getloadavg()[0])
     print(f"{label}: starting (load {run.load_before:.2f})", file=out, flush=True)
-    halt, work, job = threading.Event(), None, Job(args.items, args.interleave)
+    halt, work, job = threading.Event(), None, Job(args.items, args.interleave, args.max_tokens)
     began = ended = 0.0
     try:
         agents_url, _, process = await start_fleet(reactor, sitting, layout, label)
@@ -529,6 +545,8 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
                     run.beside_tokens = last.output_tokens - first.output_tokens
                     run.beside_tokens_per_s = run.beside_tokens / (last.at - first.at)
         if work is not None:
+            if layout in WITH_AGENTS and not args.whole:
+                halt.set()  # its rate beside the agents is measured: the rest is not needed
             await work
             if layout == "pool-agents" and run.agents_s is not None and job.answers:
                 end = min(ended, max(at for at, _ in job.answers))
@@ -539,6 +557,8 @@ async def run_one(reactor: Any, sitting: Sitting, layout: str) -> Run:
                     run.beside_tokens_per_s = run.beside_tokens / (end - began)
             run.wall_s, run.output_tokens = job.wall_s, job.output_tokens
             run.tokens_per_s = job.output_tokens / job.wall_s if job.wall_s else None
+            if layout in WITH_AGENTS and not args.whole:
+                run.wall_s = run.tokens_per_s = None  # stopped after the agents: no whole figure
             run.failed_items = job.failed
             run.error = job.error or run.error
             run.samples = [asdict(s) for s in job.samples]
@@ -574,7 +594,7 @@ def report(results: dict[str, list[Run]], args: argparse.Namespace, out: TextIO)
     """The layouts' medians (ranges) over the runs, then the targets; the targets' lines."""
     order = "in turn" if args.interleave else "in blocks"
     print(f"\n{args.items} items ({len(SYSTEMS)} system prompts {order}, max_tokens "
-          f"{ITEM_TOKENS}) and "
+          f"{args.max_tokens}) and "
           f"{AGENTS} agents x {args.agent_turns} streamed turns (think {THINK} s, "
           f"{AGENT_TOKENS} tokens) on {HOSTS} hosts of 2 slots; the pool {args.pool_threads} "
           "threads", file=out)  # fmt: skip
@@ -669,6 +689,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="each agent's turns, at least 2 (default %(default)s)")  # fmt: skip
     p.add_argument("--pool-threads", type=int, default=POOL_THREADS,
                    help="the pool script's threads (default %(default)s)")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=ITEM_TOKENS,
+                   help="each item's max_tokens (default %(default)s)")  # fmt: skip
+    whole = "beside the agents, let the batch or pool run to its end (by default it is stopped "
+    whole += "once the agents are done: only its rate beside them is wanted)"
+    p.add_argument("--whole", action="store_true", help=whole)
     p.add_argument("--interleave", action="store_true",
                    help="items take the 4 system prompts in turn, not in 4 blocks")  # fmt: skip
     p.add_argument("--crossbar-python", default=sys.executable,
