@@ -184,12 +184,12 @@ async def build_parts(
 def _batch_spare(hosts: Hosts, limiter: Limiter, runner: BatchRunner) -> int:
     """The batch requests the healthy, non-draining hosts could start now under their batch
     caps (their batch room; a queue past a cap counts against it), what the batch runner
-    claims by. Its items are never streamed: a turn may stop them (on a route that yields)."""
+    claims by."""
     total = 0
     for name in hosts.names():
         if hosts.healthy(name) and not hosts.draining(name):
             for model in hosts.models(name):
-                total += max(0, limiter.batch_room(name, model.name, stoppable=True))
+                total += max(0, limiter.batch_room(name, model.name))
     return total
 
 

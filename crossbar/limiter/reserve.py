@@ -34,18 +34,12 @@ def note_turns(slots: SlotEntry, klass: int, now: float) -> None:
         slots.turns_peak, slots.turns_peak_at = held, now
 
 
-def batch_cap(
-    slots: SlotEntry, limits: RouteLimits, rank: int, limit: int, now: float,
-    stoppable: bool = False,
-) -> int:  # fmt: skip
+def batch_cap(slots: SlotEntry, limits: RouteLimits, rank: int, limit: int, now: float) -> int:
     """The slots of `limit` batch may hold: the route's `batch_slots` when it sets them; else
     what the other classes leave: every slot but the most interactive and standard requests
     held at once within RESERVE_WINDOW (or running and waiting now), at least one slot left
-    them; every slot but one while none came. A batch request that can be stopped for a turn
-    (`stoppable`: not streamed, on a route that yields) may also use the slots the recent peak
-    keeps while no turn uses them (the agents think), all but one: a turn that comes takes the
-    free one, and one that must wait stops a batch request. A batch waiter aged to the top
-    class may take one slot whatever they hold: no batch waits for ever."""
+    them; every slot but one while none came. A batch waiter aged to the top class may take
+    one slot whatever they hold: no batch waits for ever."""
     if limits.batch_slots is not None:
         return limits.batch_slots
     by, waiting = slots.by_class, slots.waiting_by_class
@@ -53,8 +47,6 @@ def batch_cap(
     turns += waiting[STANDARD_RANK] + waiting[INTERACTIVE_RANK]
     recent = max(turns, turns_recent(slots, now))
     cap = max(1, limit - 1) if recent == 0 else max(0, limit - recent)
-    if stoppable:
-        cap = max(cap, limit - turns - 1)
     return max(cap, 1) if rank >= INTERACTIVE_RANK else cap
 
 

@@ -152,7 +152,6 @@ class Limiter:
         since: float | None = None,
         klass: int = STANDARD_RANK,
         first: bool = False,
-        stoppable: bool = False,
     ) -> Deferred[Release]:
         """A slot: fires with its idempotent release, or fails with QueueFull / QueueTimeout.
 
@@ -161,9 +160,7 @@ class Limiter:
         `work` is what it asks of the slot (the expected wait); `since` when it began waiting
         elsewhere (a turn the valve moved keeps its deadline); `klass` its request class's rank
         (config/classes.py: batch 0, standard 1, interactive 2); `first`: queue before every
-        waiter that came (a batch request stopped for a turn, going again); `stoppable`: a batch
-        request the limiter may stop for a turn, which needs no slot kept from it (reserve.py
-        `batch_cap`) to start now. Cancelling the
+        waiter that came (a batch request stopped for a turn, going again). Cancelling the
         Deferred while it waits removes the waiter from the queue; it never holds a slot. Once
         it has fired, the caller owns the release and must call it.
         """
@@ -175,9 +172,7 @@ class Limiter:
         if (
             slots.in_flight < self._limit(key)
             and state.below_cap()
-            and (
-                klass != BATCH_RANK or self._batch_room(key, slots, state.limits, klass, stoppable)
-            )
+            and (klass != BATCH_RANK or self._batch_room(key, slots, state.limits, klass))
             and (gate is None or gate.admits(host, model))
         ):
             # Whoever still waits here after _admit is at its route's cap or batch at its own:
@@ -407,25 +402,18 @@ class Limiter:
             return max(1, self._limit(key) - 1)
         return self._batch_cap(key, slots, DEFAULT_LIMITS, BATCH_RANK)
 
-    def batch_room(
-        self, host: str, model: str, route: str = "", stoppable: bool | None = None
-    ) -> int:
+    def batch_room(self, host: str, model: str, route: str = "") -> int:
         """Batch requests of `route` that (host, model) could start now under its batch cap,
         less the batch requests already waiting there: below 0, how far its batch queue runs
-        past what its cap lets run. Where a batch request goes (leases/chooser.py).
-        `stoppable`: of requests a turn may stop (None: as the route says, its
-        `batch_yield_after` set; streamed requests cannot be, but placement need not know)."""
+        past what its cap lets run. Where a batch request goes (leases/chooser.py)."""
         key = (host, model)
         slots = self._slots.get(key)
         state = self._routes.get(route)
         limits = self._limits_of(route, DEFAULT_LIMITS) if state is None else state.limits
-        if stoppable is None:
-            found = self._config.route(route) if self._config is not None and route else None
-            stoppable = found is not None and found.batch_yield_after is not None
         if slots is None:
             cap = limits.batch_slots
             return max(1, self._limit(key) - 1) if cap is None else cap
-        cap = self._batch_cap(key, slots, limits, BATCH_RANK, stoppable)
+        cap = self._batch_cap(key, slots, limits, BATCH_RANK)
         return cap - slots.by_class[BATCH_RANK] - slots.waiting_by_class[BATCH_RANK]
 
     def queued_by_route(self, host: str, model: str) -> dict[str, int]:
@@ -540,18 +528,13 @@ class Limiter:
         if not state.in_flight and not state.waiting:
             del self._routes[state.name]
 
-    def _batch_room(
-        self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int, stoppable: bool = False
-    ) -> bool:
+    def _batch_room(self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int) -> bool:
         """Whether a batch request of a route with `limits`, waiting at class `rank`, may take
-        one more slot of `key` (`stoppable`: a turn may stop it)."""
-        return slots.by_class[BATCH_RANK] < self._batch_cap(key, slots, limits, rank, stoppable)
+        one more slot of `key`."""
+        return slots.by_class[BATCH_RANK] < self._batch_cap(key, slots, limits, rank)
 
-    def _batch_cap(
-        self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int, stoppable: bool = False
-    ) -> int:
-        now = self._clock.seconds()
-        return batch_cap(slots, limits, rank, self._limit(key), now, stoppable)
+    def _batch_cap(self, key: Pair, slots: SlotEntry, limits: RouteLimits, rank: int) -> int:
+        return batch_cap(slots, limits, rank, self._limit(key), self._clock.seconds())
 
     def _rewake(self, key: Pair, slots: SlotEntry) -> None:
         """Batch waits beside a free slot: admit again when its cap may rise by time alone

@@ -55,7 +55,7 @@ from crossbar.proxy.routing import (
     split_route,
 )
 from crossbar.proxy.running import Running
-from crossbar.proxy.slot import SlotStep, stoppable
+from crossbar.proxy.slot import SlotStep
 from crossbar.proxy.understand import CallReader
 from crossbar.proxy.usage import UNKNOWN_ROUTE, UsageRecorder
 from crossbar.proxy.valve import Replace, Valve
@@ -88,6 +88,16 @@ if TYPE_CHECKING:
 
 log = Logger(namespace="crossbar.proxy")
 _REMOVED_RETRIES = 3  # a reload may remove the host a request waited for; place it again
+MAX_STOPS = 2  # times a batch request is stopped for a waiting turn, at most
+
+
+def stoppable(call: Call, work: Work, stopped: int) -> bool:
+    """Whether the limiter may stop `call` for a waiting turn: a batch request its route lets
+    be stopped (`work.yield_after`), not streamed (its client sees nothing until the whole
+    answer), stopped fewer than MAX_STOPS times so far."""
+    body = call.inbound.body
+    streamed = isinstance(body, dict) and body.get("stream") is True
+    return work.yield_after is not None and stopped < MAX_STOPS and not streamed
 
 
 def _stop(yielded: list[bool], sending: Deferred[Any]) -> None:
@@ -447,7 +457,7 @@ class ProxyResource(Resource):
             ready = self._prepare(call, host)
             try:
                 release, host, work = await self._slots.take(
-                    call, acquired, ex, key, exact, partial(self._where, call), judged, stopped
+                    call, acquired, ex, key, exact, partial(self._where, call), judged, stopped > 0
                 )
             except Replace:
                 judged = True

@@ -28,18 +28,6 @@ def _noop() -> None:
     pass
 
 
-MAX_STOPS = 2  # times a batch request is stopped for a waiting turn, at most
-
-
-def stoppable(call: Call, work: Work, stopped: int) -> bool:
-    """Whether the limiter may stop `call` for a waiting turn: a batch request its route lets
-    be stopped (`work.yield_after`), not streamed (its client sees nothing until the whole
-    answer), stopped fewer than MAX_STOPS times so far."""
-    body = call.inbound.body
-    streamed = isinstance(body, dict) and body.get("stream") is True
-    return work.yield_after is not None and stopped < MAX_STOPS and not streamed
-
-
 class SlotStep:
     """Takes each request's slot; `take` is the step."""
 
@@ -68,7 +56,7 @@ class SlotStep:
         exact: int | None,
         where: Callable[[str], Where],
         judged: bool = False,
-        stopped: int = 0,
+        first: bool = False,
     ) -> tuple[Release, str, Work | None]:
         """A slot for `call` on its host, or on the host the valve moves it to (not when the
         valve has `judged` this turn already): the release, the host, and the work it brings
@@ -97,9 +85,8 @@ class SlotStep:
             tenant = None if key is None else (key.name, key.limits.weight or 1.0)
             klass = rank(ex.request_class)
             pending = limiter.acquire(
-                host, call.model, call.route.limits, tenant, work, klass=klass,
-                first=stopped > 0, stoppable=stoppable(call, work, stopped),
-            )  # fmt: skip
+                host, call.model, call.route.limits, tenant, work, klass=klass, first=first
+            )
             valve = self._valve
             # A batch request waits at home: no bulk item ever moves a conversation's lease.
             batch = klass == BATCH_RANK

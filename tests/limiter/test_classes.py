@@ -31,8 +31,8 @@ class Fixture:
         )
         self.limiter = Limiter(self.clock, lambda h, m: parallel, 1000, 600.0, config)
 
-    def acquire(self, klass: int, route: RouteLimits = ROUTE, stoppable: bool = False) -> Outcome:
-        return Outcome(self.limiter.acquire(H, M, route, klass=klass, stoppable=stoppable))
+    def acquire(self, klass: int, route: RouteLimits = ROUTE) -> Outcome:
+        return Outcome(self.limiter.acquire(H, M, route, klass=klass))
 
 
 def test_a_free_slot_goes_to_the_highest_class_waiting_whatever_came_first():
@@ -149,25 +149,4 @@ def test_batch_room_is_what_the_cap_lets_start_now_less_the_batch_already_waitin
     assert f.limiter.batch_room(H, M, "convo") == -3  # three wait past the cap
     for turn in turns:
         turn.release()
-    assert f.limiter.batch_room(H, M, "convo", stoppable=False) == -3  # the turns' window holds
-    # A batch request a turn may stop (convo yields: batch_yield_after) may use the window's
-    # slots while no turn does, all but one: 3 of 4.
-    assert f.limiter.batch_room(H, M, "convo") == -2
-
-
-def test_batch_a_turn_may_stop_uses_the_slots_kept_for_thinking_agents_but_leaves_one_free():
-    f = Fixture(parallel=2)
-    turns = [f.acquire(INTERACTIVE), f.acquire(INTERACTIVE)]
-    for turn in turns:
-        turn.release()  # both agents think now; their peak (2) is kept from batch for 10 s
-    assert f.acquire(BATCH).waiting  # a batch request that cannot be stopped waits it out
-    f = Fixture(parallel=2)
-    turns = [f.acquire(INTERACTIVE), f.acquire(INTERACTIVE)]
-    for turn in turns:
-        turn.release()
-    first = f.acquire(BATCH, stoppable=True)
-    assert first.release  # one that can be stopped takes one of the thinking agents' slots
-    second = f.acquire(BATCH, stoppable=True)
-    assert second.waiting  # and leaves the other free: the next turn starts at once
-    turn = f.acquire(INTERACTIVE)
-    assert turn.release
+    assert f.limiter.batch_room(H, M, "convo") == -3  # the turns' window still holds
