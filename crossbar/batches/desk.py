@@ -40,14 +40,24 @@ _LIMIT = (1, 100)  # a list page's size, as OpenAI's `limit` (files: 10000)
 OffReactor = Callable[..., Awaitable[Any]]
 
 
-def _answer(request: Any, obj: Any, status: int = 200) -> int:
-    body = json.dumps(obj).encode()
-    request.setResponseCode(status)
-    request.responseHeaders.setRawHeaders(b"content-type", [b"application/json"])
+def _send(request: Any, body: bytes, ctype: bytes = b"application/json") -> int:
+    request.setResponseCode(200)
+    request.responseHeaders.setRawHeaders(b"content-type", [ctype])
     request.responseHeaders.setRawHeaders(b"content-length", [str(len(body)).encode()])
     request.write(body)
     request.finish()
-    return status
+    return 200
+
+
+def _answer(request: Any, obj: Any) -> int:
+    return _send(request, json.dumps(obj).encode())
+
+
+def _owned(row: Any, route: Route, owner: str, what: str, id_: str) -> Any:
+    """`row` when it is `route`'s and `owner`'s; else 404, as for no such thing."""
+    if row is None or row.route != route.name or row.key != owner:
+        raise not_found(f"no {what} {id_!r} on route {route.name!r}")
+    return row
 
 
 def _query(request: Any) -> dict[str, str]:
@@ -209,21 +219,14 @@ class BatchDesk:
 
     async def _own_file(self, file_id: str, route: Route, owner: str) -> FileRow:
         row = await self._store.read_file(file_id)
-        if row is None or row.route != route.name or row.key != owner:
-            raise not_found(f"no file {file_id!r} on route {route.name!r}")
-        return row
+        found: FileRow = _owned(row, route, owner, "file", file_id)
+        return found
 
     async def _content(self, request: Any, row: FileRow) -> int:
         text = await self._store.file_content(row.id)
         if text is None:
             raise not_found(f"no file {row.id!r}")
-        body = text.encode("utf-8")
-        request.setResponseCode(200)
-        request.responseHeaders.setRawHeaders(b"content-type", [b"application/jsonl"])
-        request.responseHeaders.setRawHeaders(b"content-length", [str(len(body)).encode()])
-        request.write(body)
-        request.finish()
-        return 200
+        return _send(request, text.encode("utf-8"), b"application/jsonl")
 
     # -- batches
 
@@ -290,9 +293,8 @@ class BatchDesk:
 
     async def _own_batch(self, batch_id: str, route: Route, owner: str) -> BatchRow:
         row = await self._store.read_batch(batch_id)
-        if row is None or row.route != route.name or row.key != owner:
-            raise not_found(f"no batch {batch_id!r} on route {route.name!r}")
-        return row
+        found: BatchRow = _owned(row, route, owner, "batch", batch_id)
+        return found
 
     async def _cancel(self, batch: BatchRow) -> dict[str, Any]:
         status = await self._store.cancel_batch(batch.id, self._clock.seconds(), not_run_line)
