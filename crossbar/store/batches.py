@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 
-from attrs import frozen
+from attrs import asdict, frozen
 from twisted.enterprise.adbapi import Transaction
 
 from crossbar.store.backends import SQLITE, Backend
@@ -37,6 +37,7 @@ _BATCH_COLUMNS = (
     "in_progress_at, finalizing_at, completed_at, failed_at, expired_at, cancelling_at, "
     "cancelled_at, output_file_id, error_file_id, errors, metadata, total"
 )
+_READ_COLUMNS = _BATCH_COLUMNS + ", counts"  # and what an ended batch keeps of its items
 
 
 @frozen
@@ -314,12 +315,18 @@ def _counts(txn: Transaction, backend: Backend, ids: Sequence[str]) -> dict[str,
     }
 
 
+def _rows(txn: Transaction, backend: Backend, rows: Sequence[Sequence]) -> list[BatchRow]:
+    """Batches read with `_READ_COLUMNS`, each with its counts: those an ended batch keeps,
+    else its items counted now."""
+    kept = {row[0]: Counts(**json.loads(row[-1])) for row in rows if row[-1]}
+    counted = _counts(txn, backend, [row[0] for row in rows if row[0] not in kept])
+    return [_batch(row, kept.get(row[0]) or counted.get(row[0], Counts())) for row in rows]
+
+
 def read_batch(txn: Transaction, backend: Backend, batch_id: str) -> BatchRow | None:
-    txn.execute(backend.sql(f"SELECT {_BATCH_COLUMNS} FROM batches WHERE id = ?"), (batch_id,))
+    txn.execute(backend.sql(f"SELECT {_READ_COLUMNS} FROM batches WHERE id = ?"), (batch_id,))
     row = txn.fetchone()
-    if row is None:
-        return None
-    return _batch(row, _counts(txn, backend, [batch_id]).get(batch_id, Counts()))
+    return None if row is None else _rows(txn, backend, [row])[0]
 
 
 def list_batches(
@@ -338,11 +345,9 @@ def list_batches(
         where.append("(created, id) < (SELECT created, id FROM batches WHERE id = ?)")
         args.append(after)
     clause = f"WHERE {' AND '.join(where)} " if where else ""
-    sql = f"SELECT {_BATCH_COLUMNS} FROM batches {clause}ORDER BY created DESC, id DESC LIMIT ?"
+    sql = f"SELECT {_READ_COLUMNS} FROM batches {clause}ORDER BY created DESC, id DESC LIMIT ?"
     txn.execute(backend.sql(sql), (*args, limit))
-    rows = txn.fetchall()
-    counts = _counts(txn, backend, [r[0] for r in rows])
-    return [_batch(r, counts.get(r[0], Counts())) for r in rows]
+    return _rows(txn, backend, txn.fetchall())
 
 
 def batch_report(
@@ -638,16 +643,17 @@ def finish_batch(
             txn.execute(backend.sql(sql), (*_file_values(add), content))
             ids[name] = file.id
     status = ending or COMPLETED
+    counts = _counts(txn, backend, [batch_id]).get(batch_id, Counts())  # kept: they are final
     column = f"{status}_at"
     detail = f"{len(done)} answered, {len(failed)} in the error file"
     _event(txn, backend, now, batch_id, status, instance, detail)
     txn.execute(
         backend.sql(
             f"UPDATE batches SET status = ?, {column} = CASE WHEN {column} = 0 THEN ? "
-            f"ELSE {column} END, output_file_id = ?, error_file_id = ?, finisher = '' "
-            "WHERE id = ?"
+            f"ELSE {column} END, output_file_id = ?, error_file_id = ?, finisher = '', "
+            "counts = ? WHERE id = ?"
         ),
-        (status, now, ids["output"], ids["error"], batch_id),
+        (status, now, ids["output"], ids["error"], json.dumps(asdict(counts)), batch_id),
     )
     return status
 

@@ -421,3 +421,24 @@ async def test_by_default_items_start_as_the_hosts_batch_room_allows_and_one_wai
     story.proxy.answer(200, ok())
     await story.runner.settled()
     assert len(story.proxy.waiting) == 3  # the slot it freed is people's again: none claimed
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_ended_batch_keeps_its_counts_and_reading_it_counts_no_items(
+    story: Story,
+) -> None:
+    batch = await story.batch(2)
+    for _ in range(2):
+        await story.tick()
+        story.proxy.answer(200, ok(5))
+        await story.runner.settled()
+    await story.tick()
+    ended = await story.store.read_batch(batch)
+    assert ended is not None and ended.status == "completed"
+    assert (ended.counts.done, ended.counts.completion_tokens) == (2, 10)
+    # Its items are no longer read: the counts it keeps are what it shows.
+    await story.store._run("", lambda txn: txn.execute("DELETE FROM batch_items"))
+    again = await story.store.read_batch(batch)
+    assert again is not None and again.counts == ended.counts
+    listed = await story.store.list_batches("convo", "", "", 10)
+    assert [b.counts for b in listed] == [ended.counts]
