@@ -37,6 +37,7 @@ class Job:
     item_id: str = ""  # Responses: the output message's id
     include_usage: bool = False  # chat streams: `stream_options.include_usage`
     tool_call: Any = None  # faketools.ToolCall: the reply is this call instead of text
+    prefix: str = ""  # chat: the trailing assistant message continued, echoed at the answer's start
     seq: int = field(default=0)  # Responses: sequence_number of the next event
 
 
@@ -120,7 +121,7 @@ class ChatFormat(Format):
         return [(self._chunk(job, [{"finish_reason": None, "index": 0, "delta": delta}]), None)]
 
     def token(self, job: Job, piece: str, token: int, i: int) -> list[Event]:
-        delta = {"content": piece}
+        delta = {"content": job.prefix + piece if i == 0 else piece}
         return [(self._chunk(job, [{"finish_reason": None, "index": 0, "delta": delta}]), None)]
 
     def end(self, job: Job, o: Outcome) -> list[Event]:
@@ -135,7 +136,7 @@ class ChatFormat(Format):
         choice = {
             "finish_reason": finish_reason(o),
             "index": 0,
-            "message": {"role": "assistant", "content": o.text},
+            "message": {"role": "assistant", "content": job.prefix + o.text},
         }
         return {
             "choices": [choice],

@@ -161,7 +161,22 @@ def parse_job(fake: Fake, path: str, body: dict[str, Any]) -> Job:
         item_id="msg_" + secrets.token_hex(12),
         include_usage=_include_usage(body),
         tool_call=call,
+        prefix=_continued(fake, kind, messages),
     )
+
+
+def _continued(fake: Fake, kind: str, messages: list[dict[str, Any]] | None) -> str:
+    """The text of a chat's trailing assistant message, which llama-server continues (and
+    echoes at the start of its answer) unless it runs with `--no-prefill-assistant`."""
+    if kind != "chat" or not messages or not fake.config.prefill_assistant:
+        return ""
+    last = messages[-1]
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return ""
+    content = last.get("content")
+    if isinstance(content, list):
+        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return content if isinstance(content, str) else ""
 
 
 def _include_usage(body: dict[str, Any]) -> bool:

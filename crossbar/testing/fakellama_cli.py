@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load-delay", type=float, default=0, help="seconds of 503 Loading model")
     p.add_argument("--reply-tokens", type=int, default=16, help="reply length without max_tokens")
     p.add_argument("--eos-after", type=int, metavar="N", help="end every reply after N tokens")
+    p.add_argument("--no-prefill-assistant", action="store_true",
+                   help="answer a chat's trailing assistant message as a finished turn, not "
+                   "continue it (llama-server's flag)")  # fmt: skip
     p.add_argument(
         "--api-key", default="", metavar="KEY", help="as llama-server's: 401 without it but /health"
     )
@@ -86,6 +89,7 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
         load_delay=args.load_delay,
         reply_tokens=args.reply_tokens,
         eos_after=args.eos_after,
+        prefill_assistant=not args.no_prefill_assistant,
         api_key=args.api_key,
     )
     faults = Faults(

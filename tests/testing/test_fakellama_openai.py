@@ -113,3 +113,40 @@ async def test_a_chained_response_reuses_the_previous_prompt_and_reply(fake):
         fake, "/v1/responses", {"previous_response_id": "resp_x", "input": "?"}
     )
     assert response.code == 400 and "resp_x" in body["error"]["message"]
+
+
+CONTINUED = [*MESSAGES, {"role": "assistant", "content": "The smallest prime is"}]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_trailing_assistant_message_is_continued_and_echoed_as_llama_server_does(fake):
+    def both(c):
+        whole = c.chat.completions.create(model="qwen-coder", messages=CONTINUED)
+        chunks = list(c.chat.completions.create(model="qwen-coder", messages=CONTINUED,
+                                                stream=True))  # fmt: skip
+        deltas = [ch.choices[0].delta.content for ch in chunks if ch.choices]
+        return whole.choices[0].message.content, [d for d in deltas if d]
+
+    whole, deltas = await in_thread(fake, both)
+    new = fake.counters.completions[-1].text  # what it generated after the prefix
+    assert new and whole == "The smallest prime is" + new
+    # The first content delta is the prefix and the first new token; the rest are new tokens.
+    assert deltas[0].startswith("The smallest prime is") and len(deltas[0]) > len(
+        CONTINUED[-1]["content"]
+    )
+    assert "".join(deltas) == whole
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_prefill_the_trailing_assistant_message_is_a_finished_turn():
+    fake = FakeLlama(reactor, prefill_assistant=False)
+    await fake.start()
+    try:
+        whole = await in_thread(
+            fake, lambda c: c.chat.completions.create(model="qwen-coder", messages=CONTINUED)
+        )
+        text = whole.choices[0].message.content
+        assert text == fake.counters.completions[-1].text
+        assert not text.startswith("The smallest prime is")
+    finally:
+        await fake.stop()
