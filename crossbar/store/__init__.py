@@ -4,15 +4,14 @@ roll-ups, heartbeats, the Batch API's files, batches and item claims, migrations
 to another database.
 """
 
+from crossbar.store.batch_claims import Claim, Ended
 from crossbar.store.batches import (
     BATCH_ENDED,
     BATCH_STATUSES,
     BatchEvent,
     BatchRow,
     BatchTally,
-    Claim,
     Counts,
-    Ended,
     FileRow,
     NewItem,
 )

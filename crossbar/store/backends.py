@@ -150,3 +150,9 @@ POSTGRES = Backend(
 def backend_for(db: str) -> Backend:
     """The engine `server.db` names."""
     return POSTGRES if is_postgres(db) else SQLITE
+
+
+def begin(txn: Any, backend: Backend) -> None:
+    """Open a write transaction as `backend` opens one (SQLite takes its write lock now)."""
+    if backend.begin_write:
+        txn.execute(backend.begin_write)

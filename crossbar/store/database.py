@@ -27,18 +27,17 @@ from twisted.logger import Logger
 from crossbar.config import redact
 from crossbar.leases import Change, Key, Lease, State, Written
 from crossbar.records import LeaseEvent, UsageRow
-from crossbar.store import batches
-from crossbar.store.backends import REPORT_TIMEOUT, SQLITE, STORE_TIMEOUT, Backend, backend_for
-from crossbar.store.batches import (
-    BatchEvent,
-    BatchRow,
-    BatchTally,
-    Claim,
-    Ended,
-    ErrorLine,
-    FileRow,
-    NewItem,
+from crossbar.store import batch_claims, batch_ends, batches
+from crossbar.store.backends import (
+    REPORT_TIMEOUT,
+    SQLITE,
+    STORE_TIMEOUT,
+    Backend,
+    backend_for,
+    begin,
 )
+from crossbar.store.batch_claims import Claim, Ended
+from crossbar.store.batches import BatchEvent, BatchRow, BatchTally, ErrorLine, FileRow, NewItem
 from crossbar.store.group import GroupCommit, write_group
 from crossbar.store.keys import (
     create_key,
@@ -410,7 +409,7 @@ class Store:
 
     async def cancel_batch(self, batch_id: str, now: float, lines: ErrorLine) -> str | None:
         args = (self._backend, self.instance, batch_id, now, lines)
-        return await self._run("cancelling a batch", batches.cancel_batch, *args, durable=True)
+        return await self._run("cancelling a batch", batch_ends.cancel_batch, *args, durable=True)
 
     async def any_batch_running(self) -> bool:
         """Whether some batch has not ended (on the reports' connection: never behind a write)."""
@@ -418,37 +417,37 @@ class Store:
 
     async def claim_items(self, token: str, now: float, until: float, limit: int) -> list[Claim]:
         args = (self._backend, token, now, until, limit)
-        return await self._run("claiming batch items", batches.claim_items, *args)
+        return await self._run("claiming batch items", batch_claims.claim_items, *args)
 
     async def renew_claims(self, token: str, until: float) -> int:
         args = (self._backend, token, until)
-        return await self._run("renewing batch claims", batches.renew_claims, *args)
+        return await self._run("renewing batch claims", batch_claims.renew_claims, *args)
 
     async def end_items(self, token: str, ended: list[Ended]) -> list[bool]:
         args = (self._backend, token, ended)
-        return await self._run("writing batch results", batches.end_items, *args)
+        return await self._run("writing batch results", batch_claims.end_items, *args)
 
     async def retry_item(self, token: str, batch: str, line: int, when: float, count: bool) -> bool:
         args = (self._backend, token, batch, line, when, count)
-        return await self._run("retrying a batch item", batches.retry_item, *args)
+        return await self._run("retrying a batch item", batch_claims.retry_item, *args)
 
     async def release_claims(self, token: str) -> int:
         args = (self._backend, token)
-        return await self._run("releasing batch claims", batches.release_claims, *args)
+        return await self._run("releasing batch claims", batch_claims.release_claims, *args)
 
     async def close_ending(self, now: float, lines: ErrorLine) -> list[str]:
         args = (self._backend, self.instance, now, lines)
-        return await self._run("ending batches", batches.close_ending, *args)
+        return await self._run("ending batches", batch_ends.close_ending, *args)
 
     async def start_finalizing(self, now: float, until: float) -> list[str]:
         args = (self._backend, self.instance, now, until)
-        return await self._run("finalizing batches", batches.start_finalizing, *args)
+        return await self._run("finalizing batches", batch_ends.start_finalizing, *args)
 
     async def finish_batch(
         self, batch_id: str, now: float, output: FileRow, error: FileRow
     ) -> str | None:
         args = (self._backend, self.instance, batch_id, now, output, error)
-        return await self._run("finishing a batch", batches.finish_batch, *args, durable=True)
+        return await self._run("finishing a batch", batch_ends.finish_batch, *args, durable=True)
 
     async def batch_events(self, batch: str | None, limit: int) -> list[BatchEvent]:
         args = (self._backend, batch, limit)
@@ -456,7 +455,7 @@ class Store:
 
     async def prune_batches(self, before: float) -> int:
         args = (self._backend, before)
-        return await self._run("pruning batches", batches.prune_batches, *args)
+        return await self._run("pruning batches", batch_ends.prune_batches, *args)
 
     # -- hosts, instances and housekeeping ---------------------------------------------------
 
@@ -546,20 +545,15 @@ def _transaction(
     return failed
 
 
-def _begin(txn: Transaction, backend: Backend) -> None:
-    if backend.begin_write:
-        txn.execute(backend.begin_write)
-
-
 def _touch_version(txn: Transaction, backend: Backend) -> None:
-    _begin(txn, backend)
+    begin(txn, backend)
     txn.execute("UPDATE schema_version SET version = version")
 
 
 def _heartbeat(
     txn: Transaction, backend: Backend, row: InstanceRow
 ) -> tuple[float, list[InstanceRow]]:
-    _begin(txn, backend)
+    begin(txn, backend)
     txn.execute(f"SELECT {backend.epoch_now}")
     (now,) = txn.fetchone()
     txn.execute(
@@ -586,7 +580,7 @@ def _prune(
     usage_before: float,
     changes_before: float,
 ) -> tuple[int, int, int]:
-    _begin(txn, backend)
+    begin(txn, backend)
     txn.execute(backend.sql("DELETE FROM lease_events WHERE at < ?"), (events_before,))
     events = txn.rowcount
     txn.execute(backend.sql("DELETE FROM usage WHERE at < ?"), (usage_before,))
@@ -639,7 +633,7 @@ def _usage_values(row: UsageRow) -> tuple:
 
 def _write(txn: Transaction, backend: Backend, sql: str, args: tuple = ()) -> None:
     """One statement as a transaction of its own."""
-    _begin(txn, backend)
+    begin(txn, backend)
     txn.execute(sql, args)
 
 
