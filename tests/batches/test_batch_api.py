@@ -6,44 +6,15 @@ from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 from typing import Any
 
 import openai
 import pytest_twisted
-from twisted.internet.threads import deferToThread
 
-from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, until, wait
+from tests.support.batches import call, client, request_lines
+from tests.support.harness import Crossbar, start_crossbar, start_fakes, until
 
 ROUTE = {"convo": {"hosts": ["a", "b"]}}
-
-
-def client(crossbar: Crossbar, route: str = "convo", key: str = "none") -> openai.OpenAI:
-    return openai.OpenAI(base_url=crossbar.url(route, "/v1"), api_key=key, max_retries=0)
-
-
-async def call(fn: Callable[[], Any]) -> Any:
-    return await wait(deferToThread(fn), 60)
-
-
-def request_lines(n: int, systems: int = 2, **body: Any) -> bytes:
-    out = []
-    for i in range(n):
-        messages = [
-            {"role": "system", "content": f"You label tickets, style {i % systems}."},
-            {"role": "user", "content": f"ticket {i}: the printer is on fire"},
-        ]
-        out.append(
-            json.dumps(
-                {
-                    "custom_id": f"req-{i}",
-                    "method": "POST",
-                    "url": "/v1/chat/completions",
-                    "body": {"model": MODEL, "messages": messages, "max_tokens": 8, **body},
-                }
-            )
-        )
-    return ("\n".join(out) + "\n").encode()
 
 
 async def run_to_end(crossbar: Crossbar, oai: openai.OpenAI, batch_id: str) -> Any:

@@ -13,7 +13,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import Deferred
 
-from tests.batches.test_batch_api import call, client, request_lines
+from tests.support.batches import call, client, request_lines
 from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes
 
 CHAT = "/v1/chat/completions"

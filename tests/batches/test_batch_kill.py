@@ -20,7 +20,7 @@ from twisted.internet import reactor
 from twisted.internet.task import deferLater
 
 from crossbar.demo.launch import free_ports
-from tests.batches.test_batch_api import call, request_lines
+from tests.support.batches import call, request_lines
 from tests.support.harness import MODEL, start_fakes
 from tests.support.pg import need_postgres, pg_schema
 from tests.support.twistd import exited, spawn_twistd, until_status

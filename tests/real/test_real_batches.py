@@ -9,7 +9,7 @@ import openai
 import pytest_twisted
 from twisted.internet.threads import deferToThread
 
-from tests.batches.test_batch_api import request_lines
+from tests.support.batches import request_lines
 from tests.support.harness import wait
 
 ITEMS = 12

@@ -66,16 +66,18 @@ async def call(fn: Callable[[], Any]) -> Any:
     return await wait(deferToThread(fn), 60)
 
 
-def request_lines(n: int) -> bytes:
+def request_lines(n: int, systems: int = 2, **body: Any) -> bytes:
+    """A batch input file of `n` chat requests (custom_ids req-0...), under `systems` system
+    prompts taken in turn; `body` adds to or replaces each body's fields."""
     out = []
     for i in range(n):
         messages = [
-            {"role": "system", "content": "You label tickets."},
+            {"role": "system", "content": f"You label tickets, style {i % systems}."},
             {"role": "user", "content": f"ticket {i}: the printer is on fire"},
         ]
-        body = {"model": MODEL, "messages": messages, "max_tokens": 8}
         line = {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions"}
-        out.append(json.dumps({**line, "body": body}))
+        fields = {"model": MODEL, "messages": messages, "max_tokens": 8, **body}
+        out.append(json.dumps({**line, "body": fields}))
     return ("\n".join(out) + "\n").encode()
 
 
