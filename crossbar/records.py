@@ -53,3 +53,6 @@ class UsageRow:
     # The request class it ran at (interactive, standard, batch); "" for a request that is
     # not inference, or was refused before its class was known.
     request_class: str = ""
+    # Times its answer moved to another host and went on there (docs/reference.md, "Answers
+    # that survive their host"): a stream continued, or an answer that showed nothing run again.
+    resumed: int = 0

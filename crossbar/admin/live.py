@@ -97,6 +97,7 @@ class Live:
         )
         yield from _store(m)
         yield from _refused_reports(m)
+        yield from _resumes(m)
         if m.upstream is not None:
             yield from _upstream(m.config, m.upstream)
         if m.tenants is not None:
@@ -424,6 +425,23 @@ def _refused_reports(m: Scraped) -> Iterator[Metric]:
             if host_stands(m.config, host):
                 refused.add_metric([host, why], n)
     yield refused
+
+
+def _resumes(m: Scraped) -> Iterator[Metric]:
+    resumes = CounterMetricFamily(
+        "crossbar_resumes",
+        "Answers whose host failed, by route (templates folded), reason (why it was cut: "
+        "closed, reset, idle_timeout, evacuated...; or why it was not continued) and outcome "
+        "(resumed, failed, refused).",
+        labels=["route", "reason", "outcome"],
+    )
+    if m.usage is not None:
+        folded: dict[tuple[str, str, str], int] = defaultdict(int)
+        for (route, reason, outcome), n in m.usage.resumes.items():
+            folded[(route_label(m.config, route), reason, outcome)] += n
+        for labels, n in sorted(folded.items()):
+            resumes.add_metric(list(labels), n)
+    yield resumes
 
 
 def _store(m: Scraped) -> Iterator[Metric]:

@@ -37,6 +37,8 @@ def log_request(row: UsageRow) -> None:
         key += f" class={row.request_class}"  # standard, the default, goes unsaid
     if row.fallback_from:
         key += f" fallback_from={printable(row.fallback_from)} fallback={row.fallback_reason}"
+    if row.resumed:
+        key += f" resumed={row.resumed}"
     # Formatted here in one f-string: twisted.logger's own formatting of a dozen fields was
     # most of the line's cost, a few percent of the proxy's CPU. The fields stay in the event
     # for JSON observers.
@@ -64,6 +66,7 @@ def log_request(row: UsageRow) -> None:
         fallback_from=row.fallback_from,
         fallback_reason=row.fallback_reason,
         request_class=row.request_class,
+        resumed=row.resumed,
     )
 
 

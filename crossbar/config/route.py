@@ -30,6 +30,7 @@ SHARING_KEYS = (
 # lease per conversation has either (docs/reference.md, "Leases": the valve).
 VALVE_KEYS = ("valve", "valve_margin", "valve_slack", "valve_hold")
 VALVE_MARGIN_MAX = 100.0
+RESUME_MAX = 8  # resume_attempts at most: each one is a host the answer may take down
 
 
 @frozen
@@ -81,6 +82,9 @@ class Route:
     # it is refused, or its host is down or refuses it).
     fallbacks: tuple[str, ...] = ()
     fallback_after: float | None = None
+    # Times an answer whose host failed may move to another host and go on there: a cut
+    # stream continued, an answer that showed nothing run again (0: never; proxy/resume.py).
+    resume_attempts: int = 1
 
     @property
     def limits_output(self) -> bool:
@@ -212,6 +216,7 @@ def read_route_body(table: Section, name: str) -> Route:
         valve_hold=table.duration("valve_hold", 60.0, positive=False),
         fallbacks=table.string_list("fallbacks"),
         fallback_after=table.duration("fallback_after", None),  # type: ignore[arg-type]
+        resume_attempts=table.integer("resume_attempts", 1, minimum=0, maximum=RESUME_MAX),
     )
     if route.fallback_after is not None and not route.fallbacks:
         table.errors.add(

@@ -309,6 +309,38 @@ class Table:
 
         return await self._locks.run(key, placed)
 
+    async def leave(
+        self,
+        key: Key,
+        host: str,
+        candidates: Sequence[str],
+        now: float,
+        peers: Sequence[str] = (),
+        reason: str = "resumed",
+    ) -> str | None:
+        """Move `key`'s lease off `host` (whose answer to it was cut) to the chooser's pick
+        among the other healthy, non-draining `candidates`, with event `reason`; the host it
+        went to, or None when it stays (gone, elsewhere already, pinned, or nowhere to go)."""
+
+        async def left() -> str | None:
+            healthy, draining = self._hosts.healthy, self._hosts.draining
+            lease = self._index.get(key)
+            if lease is None or lease.host != host:
+                return None
+            pin = self.pinned(key.route)
+            if pin is not None and pin in candidates:
+                return None
+            usable = [h for h in candidates if h != host and healthy(h) and not draining(h)]
+            target = self._choose(usable, key.model, peers, lease.turn_prompt, leaving=lease)
+            if target is None:
+                return None
+            with suppress(_Lost):
+                await self._place(key, target, now, reason, host)
+                return target
+            return None
+
+        return await self._locks.run(key, left)
+
     async def undo(self, key: Key, host: str, now: float) -> bool:
         """Forget a lease that its first request could not use (refused by crossbar after it
         was made, or by the host with a 4xx): a request nobody could serve places nothing.

@@ -188,6 +188,15 @@ class Placement:
             return "reused", "own lease" if before is not None else "route lease inherited", ""
         return "new", "chosen", ""
 
+    async def leave(self, call: Call, host: str) -> None:
+        """`call`'s answer on `host` was cut, to go on elsewhere (proxy/resume.py): its
+        conversation's lease moves off `host` first (event reason `resumed`), so the
+        continuation and the turns after it go where the answer went on."""
+        if not call.conversation or call.batch:
+            return
+        now = self._clock.seconds()
+        await self._table.leave(call.key, host, call.candidates, now, call.route.peers)
+
     async def refused(self, call: Call, acquired: Acquired) -> None:
         """crossbar refused `call` after placing it (the context guard): a lease it made goes."""
         if acquired.born:

@@ -46,6 +46,7 @@ from crossbar.proxy.inside import InsideAnswer, InsideRequest
 from crossbar.proxy.loaded import LoadedModels
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception, for_key
+from crossbar.proxy.resume import FAILED, REFUSED, RESUMED, Continuation, Resume, Resumer, combined
 from crossbar.proxy.routing import (
     authenticate,
     authenticate_named,
@@ -65,15 +66,20 @@ from crossbar.wire import (
     INTERNAL,
     OPENAI_CHAT,
     ClientError,
+    ContinuationRelay,
     Exchange,
     Inbound,
     KeepingRelay,
     Kind,
+    NotContinued,
     Outgoing,
     Relay,
+    Tokens,
+    Transcript,
     Upstream,
     UpstreamFailure,
     classify,
+    continuation_family,
     header_reader,
     not_found,
     prepare,
@@ -198,6 +204,7 @@ class ProxyResource(Resource):
         self._loaded = loaded
         self._batches = batches
         self._running = Running(clock)
+        self._resumer = Resumer(clock)
         self._charges = (
             None
             if tenants is None
@@ -207,6 +214,11 @@ class ProxyResource(Resource):
     def reconfigure(self, config: Config) -> None:
         """Serve the reloaded config from the next request on."""
         self._config = config
+
+    @property
+    def resumer(self) -> Resumer:
+        """Answers that survive their host: what an evacuation stops to move (resume.py)."""
+        return self._resumer
 
     @property
     def running(self) -> int:
@@ -336,7 +348,7 @@ class ProxyResource(Resource):
         try:
             try:
                 with gate.in_flight(call.key):
-                    await self._forward(request, call, ex, key, charged)
+                    await self._answer(request, call, ex, key, charged)
             except CannotServe as cannot:
                 served = await self._fall_back(request, call, ex, key, charged, cannot)
         finally:
@@ -379,7 +391,7 @@ class ProxyResource(Resource):
             try:
                 await gate.wait_for_move(fallback.key)
                 with gate.in_flight(fallback.key):
-                    await self._forward(request, fallback, ex, key, charged)
+                    await self._answer(request, fallback, ex, key, charged)
             except CannotServe:
                 continue  # this one cannot either: the next
             return fallback
@@ -427,7 +439,10 @@ class ProxyResource(Resource):
         ex: Exchange,
         key: ClientKey | None = None,
         charged: list[Reservation] | None = None,
-    ) -> None:
+        continuation: Continuation | None = None,
+    ) -> Relay | None:
+        """Place, check, queue, send and relay `call` (a `continuation` of an answer already
+        streaming, when given); the relay that ran (None for a host's busy answer read)."""
         failed: tuple[str, UpstreamFailure] | None = None  # the host that just failed, and how
         removed = 0  # placed again because a reload removed the host, or the valve lost a race
         judged = False  # the valve had its say on this turn: one move at most per turn
@@ -526,6 +541,13 @@ class ProxyResource(Resource):
                     raise cannot_serve(call, acquired.pinned, HOST_REFUSED, error) from None
                 if failure.reason == CONNECTIONS_BUSY:  # the host is as busy as a 503 says
                     raise cannot_serve(call, acquired.pinned, HOST_BUSY, error) from None
+                if continuation is None and call.kind is Kind.INFERENCE:
+                    # Nothing reached the client: the answer may run again elsewhere.
+                    cause = failure.reason.replace(" ", "_")
+                    again = await self._rerun(request, call, ex, host, cause)
+                    if again is not None:
+                        call, failed, judged = again, None, False
+                        continue
                 raise error from None
             except BaseException:
                 release()
@@ -541,16 +563,25 @@ class ProxyResource(Resource):
                 # Busy before any byte reached the client: a fallback may serve it.
                 raise await self._busy(call, ex, host, response, release)
             try:
-                await self._relay(request, call, ex, response, work, charged)
+                relay = await self._relay(request, call, ex, response, work, charged, continuation)
             finally:
                 release()
-            if call.kind is Kind.INFERENCE:
+            if relay.cut and not relay.stream:  # a whole answer held back: the client saw nothing
+                again = await self._rerun(request, call, ex, host, relay.cut)
+                if again is None:
+                    relay.end_cut()
+                    return relay
+                call, failed, judged = again, None, False
+                continue
+            if call.kind is Kind.INFERENCE and continuation is None:
                 now = self._clock.seconds()
                 load = pace.learn(self._limiter.rates, call, ex, sent, now, loading)
                 if loaded is not None and ex.status == 200:
                     loaded.answered(host, call.model, loading, load)
             await self._placement.answered(call, acquired, ex.status, ex.tokens)
-            return
+            if ex.status == 200 and not relay.cut and call.kind is Kind.INFERENCE:
+                self._resumer.answered(call, ex, request.requestHeaders)
+            return relay
 
     def _prepare(
         self, call: Call, host: str
@@ -634,7 +665,8 @@ class ProxyResource(Resource):
         response: Any,
         work: Work | None = None,
         charged: list[Reservation] | None = None,
-    ) -> None:
+        continuation: Continuation | None = None,
+    ) -> Relay:
         host, fp, trace = ex.host, ex.fp, ex.trace
 
         def remember(id_: str) -> None:
@@ -643,13 +675,30 @@ class ProxyResource(Resource):
                 trace.response_id(id_)
 
         timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
-        # A route that records contents keeps the answer's first bytes for its span.
-        kind = KeepingRelay if trace is not None and call.route.record_content else Relay
         # The key's charge is settled before the request finishes: finishing lets the
         # channel read a request pipelined behind it, which must find this one's place in
         # the key's max_in_flight given back (and its true cost in the minute and budgets).
         settle = partial(self._charges.settle, charged) if charged and self._charges else None
-        relay = kind(request, self._clock, timeouts, call.dialect, host, remember, settle)
+        relay: Relay
+        if continuation is not None:
+            return await self._continue(request, call, ex, response, continuation, settle)
+        resumer = self._resumer
+        transcript = None
+        if resumer.may_continue(call):  # a family crossbar continues, on a route that does
+            kind = continuation_family(call.dialect, call.inbound.path)
+            transcript = None if kind is None else Transcript(kind)
+        hold = resumer.holds(call)
+        if trace is not None and call.route.record_content:
+            # A route that records contents keeps the answer's first bytes for its span.
+            relay = KeepingRelay(
+                request, self._clock, timeouts, call.dialect, host, remember, settle,
+                transcript, hold,
+            )  # fmt: skip
+        else:
+            relay = Relay(
+                request, self._clock, timeouts, call.dialect, host, remember, settle,
+                transcript, hold,
+            )  # fmt: skip
         if work is not None:
             work.streamed = relay.streamed  # the expected wait counts what has been written
         extra = [
@@ -657,11 +706,130 @@ class ProxyResource(Resource):
             (b"X-Crossbar-Lease", ex.lease.encode()),
             (b"X-Crossbar-Queue-Ms", str(round(ex.queue_ms)).encode()),
         ]
+        if ex.resumes:  # ran again elsewhere, having shown nothing: the client may know it
+            moved = sum(1 for r in ex.resumes if not r.refused)
+            extra.append((b"X-Crossbar-Resumed", str(moved).encode()))
         try:
-            await relay.run(response, extra)
+            with resumer.running(host, relay):
+                await relay.run(response, extra)
         finally:
             ex.status, ex.stream = relay.status, relay.stream
             ex.first_byte, ex.tokens = relay.first_byte, relay.tokens
             ex.error = relay.error or ex.error
             if trace is not None:
                 trace.answered(ex, getattr(relay, "kept", None), relay.error)
+        if relay.cause and not relay.cut and relay.stream and call.kind is Kind.INFERENCE:
+            # Cut, and ended as ever: an answer the request itself keeps from continuing.
+            why = resumer.request_refusal(call)
+            if why:
+                resume = Resume(relay.cause, why, REFUSED, host, sent=relay.streamed())
+                ex.resumes.append(resume)
+                resumer.told(ex, resume)
+        return relay
+
+    async def _continue(
+        self,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        response: Any,
+        continuation: Continuation,
+        settle: Any,
+    ) -> Relay:
+        """Relay a continuation's answer into the client's stream (ContinuationRelay)."""
+        host, fp, first = ex.host, ex.fp, continuation.first
+        pieces = continuation.before.pieces
+        timeouts = (self._upstream.idle_timeout, self._config.server.client_write_timeout)
+        original = continuation.transcript.id
+
+        def remember(_: str) -> None:  # the client knows the first host's id: it is here now
+            if isinstance(original, str) and original:
+                self._usage.remember_id(original, host, fp)
+
+        def whole(tokens: Tokens) -> None:
+            if settle is not None:
+                settle(combined(first, pieces, tokens))
+
+        relay = ContinuationRelay(
+            request, self._clock, timeouts, call.dialect, host, remember,
+            continuation.splice, continuation.transcript, whole,
+        )  # fmt: skip
+        try:
+            with self._resumer.running(host, relay):
+                await relay.run(response)
+        finally:
+            ex.tokens = combined(first, pieces, relay.tokens)
+            ex.error = relay.error
+            if ex.trace is not None:
+                ex.trace.answered(ex, None, relay.error)
+        return relay
+
+    async def _rerun(
+        self, request: Any, call: Call, ex: Exchange, host: str, cause: str
+    ) -> Call | None:
+        """An answer that showed the client nothing failed on `host` (`cause`): the call that
+        runs it again elsewhere (its conversation's lease moved first), or None (counted)."""
+        again = self._resumer.rerun(call, ex, host, request.requestHeaders)
+        if isinstance(again, str):
+            resume = Resume(cause, again, REFUSED, host)
+            ex.resumes.append(resume)
+            self._resumer.told(ex, resume)
+            return None
+        await self._placement.leave(again, host)
+        resume = Resume(cause, "", "", host)
+        ex.resumes.append(resume)
+        self._resumer.told(ex, resume)
+        if ex.trace is not None:
+            ex.trace.resumed(host, cause, 0)
+        ex.error = ""
+        return again
+
+    async def _answer(
+        self,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        key: ClientKey | None,
+        charged: list[Reservation],
+    ) -> None:
+        """Forward an inference call; while its streamed answer is cut, continue it on
+        another host (resume.py), or end it as a cut stream ends."""
+        relay = await self._forward(request, call, ex, key, charged)
+        resumer = self._resumer
+        while relay is not None and relay.cut:
+            transcript = relay.transcript
+            cause, source = relay.cut, ex.host
+            sent = transcript.pieces if transcript is not None else 0
+            step = resumer.continuation(call, relay, ex, request.write)
+            if isinstance(step, str):
+                resume = Resume(cause, step, REFUSED, source, sent=sent)
+                ex.resumes.append(resume)
+                resumer.told(ex, resume)
+                relay.end_cut()
+                return
+            following, continuation = step
+            await self._placement.leave(following, source)
+            if ex.trace is not None:
+                ex.trace.resumed(source, cause, sent)
+            error = relay.error
+            try:
+                moved = await self._forward(request, following, ex, key, charged, continuation)
+            except CancelledError:
+                raise
+            except Exception as e:
+                if isinstance(e, NotContinued) and ex.host != source:
+                    resumer.will_not_continue(ex.host)
+                why = e.message if isinstance(e, ClientError) else str(e)
+                resume = Resume(cause, "", FAILED, source, ex.host, sent)
+                ex.resumes.append(resume)
+                resumer.told(ex, resume)
+                ex.error = f"{error}; not continued: {why}"
+                relay.end_cut(error)
+                return
+            went_on = moved is not None and (bool(moved.cut) or not moved.error)
+            prefilled = max(0, ex.tokens.prompt + continuation.before.pieces - ex.tokens.cached)
+            outcome = RESUMED if went_on else FAILED
+            resume = Resume(cause, "", outcome, source, ex.host, sent, prefilled)
+            ex.resumes.append(resume)
+            resumer.told(ex, resume)
+            relay = moved

@@ -113,6 +113,8 @@ class UsageRecorder:
         self.dropped = 0  # rows that did not fit while the store was down
         # Answers whose host reported counts out of bounds, per (host, reason): never stored.
         self.refused_reports: Counter[tuple[str, str]] = Counter()
+        # Answers that moved, or could not (proxy/resume.py): (route, reason, outcome).
+        self.resumes: Counter[tuple[str, str, str]] = Counter()
         self._refusals_told: dict[tuple[str, str], float] = {}
         self._pending: list[UsageRow] = []  # waiting for the write in flight to finish
         self._writing = False
@@ -130,6 +132,9 @@ class UsageRecorder:
         row = self._row(ex)
         if ex.tokens.refused:
             self._refused_counts(ex.host, ex.tokens.refused)
+        for r in ex.resumes:  # an open re-run's outcome is the request's own
+            outcome = r.outcome or ("resumed" if 0 < ex.status < 500 and not ex.error else "failed")
+            self.resumes[(ex.route, r.refused or r.cause, outcome)] += 1
         self._tell(row)
         self._write(row)
         if ex.tokens.prompt and ex.prompt_chars:
@@ -207,6 +212,7 @@ class UsageRecorder:
             fallback_from=ex.fallback_from,
             fallback_reason=ex.fallback_reason,
             request_class=ex.request_class,
+            resumed=sum(1 for r in ex.resumes if not r.refused),
         )
 
     def _write(self, row: UsageRow) -> None:

@@ -49,7 +49,7 @@ _TABLES = (
                      "prompt_tokens", "cached_tokens", "completion_tokens", "queue_ms",
                      "ttfb_ms", "duration_ms", "lease", "error"), "id", "usage rows",
            added=(("key", 5), ("fallback_from", 6), ("fallback_reason", 6),
-                  ("request_class", 7))),
+                  ("request_class", 7), ("resumed", 10))),
     _Table("usage_minutes", ("minute", "route", "host", "model", "requests", "errors",
                              "prompt_tokens", "cached_tokens", "completion_tokens"),
            "minute, route, host, model", "per-minute usage sums", since=3, added=(("key", 5),)),

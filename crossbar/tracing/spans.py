@@ -342,6 +342,14 @@ class RequestTrace:
             span.set_attribute("crossbar.fallback.route", route)
             span.set_attribute("crossbar.fallback.reason", reason)
 
+    def resumed(self, host: str, cause: str, sent: int) -> None:
+        """The answer was cut on `host` (`cause`) after `sent` tokens: it goes on elsewhere
+        (proxy/resume.py); an event on the request's span, one per move."""
+        span = self.span
+        if span.is_recording():
+            attributes = {"crossbar.host": host, "crossbar.resume.cause": cause}
+            span.add_event("crossbar.resume", {**attributes, "crossbar.resume.sent": sent})
+
     def start(self, name: str, attributes: dict[str, Any] | None = None) -> Span:
         """A step's span under the SERVER span."""
         return self._tracing.start(name, self.context, SpanKind.INTERNAL, attributes)

@@ -6,6 +6,8 @@ read from it as it passes. Knows nothing of leases, slots or the store.
 
 from crossbar.wire.answer import ReadAnswer, read_body
 from crossbar.wire.bodies import canonical, limit_output
+from crossbar.wire.continuation import NotContinued, Transcript
+from crossbar.wire.continuation import family as continuation_family
 from crossbar.wire.dialects import OPENAI_CHAT, Dialect, ErrorShape, Kind, classify
 from crossbar.wire.endpoints import HostEndpoints, authorization, no_delay
 from crossbar.wire.errors import (
@@ -32,7 +34,7 @@ from crossbar.wire.inbound import (
     request_headers,
 )
 from crossbar.wire.meter import Tokens
-from crossbar.wire.relay import KeepingRelay, Relay
+from crossbar.wire.relay import ContinuationRelay, KeepingRelay, Relay
 from crossbar.wire.reported import MAX_SLOTS, MAX_TOKENS, REPORT_REASONS, count, positive
 from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now
 from crossbar.wire.upstream import (
@@ -52,6 +54,7 @@ __all__ = [
     "OPENAI_CHAT",
     "REPORT_REASONS",
     "ClientError",
+    "ContinuationRelay",
     "Dialect",
     "ErrorShape",
     "Exchange",
@@ -60,11 +63,13 @@ __all__ = [
     "Inbound",
     "KeepingRelay",
     "Kind",
+    "NotContinued",
     "Outgoing",
     "RawHeaders",
     "ReadAnswer",
     "Relay",
     "Tokens",
+    "Transcript",
     "Upstream",
     "UpstreamFailure",
     "authorization",
@@ -72,6 +77,7 @@ __all__ = [
     "bearer",
     "canonical",
     "classify",
+    "continuation_family",
     "count",
     "forbidden",
     "header_reader",

@@ -34,5 +34,7 @@ class Exchange:
     fallback_from: str = ""
     fallback_reason: str = ""
     request_class: str = ""  # the class it ran at (proxy/classes.py); "" for no inference
+    # Each time the answer moved to another host, or was not moved (proxy/resume.py Resume).
+    resumes: list[Any] = field(factory=list)
     # The request's spans (tracing.RequestTrace) when tracing is on; None costs nothing.
     trace: Any = None

@@ -1,0 +1,280 @@
+"""Answers that survive their host (docs/reference.md, "Answers that survive their host").
+
+An inference answer whose host fails is not lost:
+- a streamed answer cut after its first byte (the connection closed or reset, the read timeout,
+  an evacuation stopping it) continues on another host of the route from the text the client
+  has (wire/continuation.py), in the same client stream;
+- an answer that showed the client nothing (a whole answer held until complete, or any answer
+  whose host failed before its first byte) runs again on another host, unless it carries an
+  `Idempotency-Key` whose first answer crossbar has already recorded.
+
+The route's `resume_attempts` bounds both (0: neither). What cannot be continued (a tool call,
+structured output, several choices, a host that will not continue a trailing assistant
+message) ends as it always did, with the reason counted. This module decides; the request's
+sequence (resource.py) places and sends the continuation like any turn.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from attrs import define, evolve, frozen
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from crossbar.proxy.call import Call
+from crossbar.wire import Exchange, Kind, Tokens
+from crossbar.wire.continuation import (
+    Before,
+    Family,
+    Splice,
+    Transcript,
+    continuation_body,
+    family,
+    refusal,
+)
+
+if TYPE_CHECKING:
+    from crossbar.wire.relay import Relay
+
+log = Logger(namespace="crossbar.resume")
+
+# Why crossbar did not try (crossbar_resumes_total{outcome="refused"}), beside the answer's own
+# (wire/continuation.py: tool_call, reasoning, finished, n, structured, prompt, dialect).
+DISABLED = "disabled"  # the route's resume_attempts is 0
+ATTEMPTS = "attempts"  # the route's resume_attempts are spent
+NO_PREFILL = "no_prefill"  # no host left that continues a trailing assistant message
+ANSWERED = "idempotency_key"  # an Idempotency-Key whose first answer crossbar recorded
+# Outcomes.
+RESUMED = "resumed"  # the answer went on and ended whole
+FAILED = "failed"  # a continuation or a re-run was tried and did not end whole
+REFUSED = "refused"  # not tried
+# A host found not to continue a trailing assistant message is not asked again for this long
+# (a restart with other flags is then noticed).
+NO_PREFILL_FOR = 3600.0
+_IDEMPOTENCY = (b"idempotency-key", b"x-idempotency-key")
+_ANSWERED_KEPT = 8192  # Idempotency-Keys remembered as answered, the latest
+_ANSWERED_FOR = 24 * 3600.0
+
+
+@frozen
+class Resume:
+    """One time an answer moved, or was not moved, as the usage row and the counter tell it:
+    why it was cut (`closed`, `reset`, `idle_timeout`, `not_http`, `evacuated`, `drained`),
+    why it was not continued ("" when it was tried), the outcome once known ("" while the
+    re-run of an answer that showed nothing runs), the hosts, and the tokens the client had
+    and the new host prefilled again."""
+
+    cause: str
+    refused: str
+    outcome: str
+    source: str
+    target: str = ""
+    sent: int = 0
+    prefilled: int = 0
+
+
+@define
+class Continuation:
+    """A stream continuing on another host: the client's view of it, and the rewriter of the
+    new host's events."""
+
+    transcript: Transcript
+    before: Before
+    splice: Splice
+    first: Tokens  # the tokens the answer had before this continuation
+
+
+def idempotency_key(headers: Any) -> str | None:
+    """The request's `Idempotency-Key` (or `X-Idempotency-Key`), or None."""
+    for name in _IDEMPOTENCY:
+        values = headers.getRawHeaders(name)
+        if values:
+            return values[-1].decode("latin-1")
+    return None
+
+
+def combined(first: Tokens, pieces: int, second: Tokens) -> Tokens:
+    """An answer's tokens across a continuation: the prompt as the request had it (the new
+    host read the text already given as prompt: that is the client's output, not its input),
+    the output of both hosts."""
+    prompt = max(0, second.prompt - pieces) if second.prompt else first.prompt
+    return Tokens(
+        prompt=prompt,
+        cached=min(second.cached, prompt) if second.prompt else first.cached,
+        completion=pieces + second.completion,
+        prompt_ms=second.prompt_ms,
+        predicted_ms=first.predicted_ms + second.predicted_ms,
+    )
+
+
+class Resumer:
+    """What the proxy asks before it continues or re-runs an answer, and what it learns:
+    hosts that do not continue, Idempotency-Keys answered, the streams running per host (an
+    evacuation stops them to continue elsewhere)."""
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+        self._no_prefill: dict[str, float] = {}  # host -> when it was found not to continue
+        self._answered: OrderedDict[tuple[str, str, str], float] = OrderedDict()
+        self._streams: dict[str, set[Relay]] = {}
+
+    # -- what can be continued, and where
+
+    def request_refusal(self, call: Call) -> str:
+        """Why `call`'s streamed answer could never be continued ("" when it could)."""
+        if call.route.resume_attempts == 0:
+            return DISABLED
+        return refusal(call.dialect, call.inbound.path, call.inbound.body)
+
+    def may_continue(self, call: Call) -> bool:
+        """Whether a cut of `call`'s streamed answer might be continued: its relay reads it."""
+        return call.kind is Kind.INFERENCE and not self.request_refusal(call)
+
+    def holds(self, call: Call) -> bool:
+        """Whether `call`'s whole answer is held until it has all come (a cut one can then run
+        again, having shown the client nothing): a text generation on a route that resumes."""
+        return (
+            call.kind is Kind.INFERENCE
+            and call.route.resume_attempts > 0
+            and family(call.dialect, call.inbound.path) is not None
+        )
+
+    def continues(self, host: str) -> bool:
+        """Whether `host` may be asked to continue a trailing assistant message (not found
+        otherwise within NO_PREFILL_FOR)."""
+        found = self._no_prefill.get(host)
+        return found is None or self._clock.seconds() - found > NO_PREFILL_FOR
+
+    def will_not_continue(self, host: str) -> None:
+        """`host` answered a continuation as a new turn (`--no-prefill-assistant`)."""
+        if host not in self._no_prefill:
+            log.warn(
+                "host {host} does not continue a trailing assistant message "
+                "(--no-prefill-assistant?): cut answers are not continued there",
+                host=host,
+            )
+        self._no_prefill[host] = self._clock.seconds()
+
+    def targets(self, call: Call, cut: str, prefill: bool) -> tuple[str, ...]:
+        """The candidates a moved answer may go to: the route's others (those that continue a
+        trailing assistant message, when `prefill`); the cut host alone when the route has no
+        other ("once it answers again")."""
+        others = tuple(h for h in call.candidates if h != cut)
+        if not others:
+            others = (cut,)
+        return tuple(h for h in others if not prefill or self.continues(h))
+
+    def continuation(
+        self, call: Call, relay: Relay, ex: Exchange, write: Callable[[bytes], None]
+    ) -> tuple[Call, Continuation] | str:
+        """The call that continues `relay`'s cut stream and how to splice it, or why not."""
+        transcript = relay.transcript
+        assert transcript is not None
+        why = transcript.why_not() or self._spent(call, ex)
+        if why:
+            return why
+        targets = self.targets(call, ex.host, prefill=transcript.kind is not Family.NATIVE)
+        if transcript.kind is Family.COMPLETIONS:
+            targets = self.targets(call, ex.host, prefill=False)
+        if not targets:
+            return NO_PREFILL
+        before = Before(transcript.text, transcript.pieces, len(ex.resumes) + 1)
+        body = continuation_body(
+            transcript.kind, call.inbound.body, transcript.text, transcript.pieces
+        )
+        inbound = evolve(call.inbound, body=body, raw=orjson.dumps(body))
+        splice = Splice(transcript, before, write)
+        first = ex.tokens
+        return evolve(call, inbound=inbound, candidates=targets), Continuation(
+            transcript, before, splice, first
+        )
+
+    def rerun(self, call: Call, ex: Exchange, host: str, headers: Any) -> Call | str:
+        """The call that runs an answer that showed the client nothing again, elsewhere, or
+        why not."""
+        why = self._spent(call, ex)
+        if why:
+            return why
+        key = idempotency_key(headers)
+        if key is not None and self._was_answered(call, ex, key):
+            return ANSWERED
+        return evolve(call, candidates=self.targets(call, host, prefill=False))
+
+    def _spent(self, call: Call, ex: Exchange) -> str:
+        attempts = call.route.resume_attempts
+        if attempts == 0:
+            return DISABLED
+        tried = sum(1 for r in ex.resumes if not r.refused)
+        return ATTEMPTS if tried >= attempts else ""
+
+    # -- Idempotency-Keys whose first answer was recorded
+
+    def answered(self, call: Call, ex: Exchange, headers: Any) -> None:
+        """`call` was answered whole: its Idempotency-Key, if any, is recorded as answered."""
+        key = idempotency_key(headers)
+        if key is None:
+            return
+        entry = (call.route.name, ex.key, key)
+        self._answered[entry] = self._clock.seconds()
+        self._answered.move_to_end(entry)
+        while len(self._answered) > _ANSWERED_KEPT:
+            self._answered.popitem(last=False)
+
+    def _was_answered(self, call: Call, ex: Exchange, key: str) -> bool:
+        when = self._answered.get((call.route.name, ex.key, key))
+        return when is not None and self._clock.seconds() - when < _ANSWERED_FOR
+
+    # -- streams running, which an evacuation may move
+
+    @contextmanager
+    def running(self, host: str, relay: Relay) -> Iterator[None]:
+        """`relay` streams an answer of `host` that may be continued elsewhere."""
+        streams = self._streams.setdefault(host, set())
+        streams.add(relay)
+        try:
+            yield
+        finally:
+            streams.discard(relay)
+            if not streams:
+                self._streams.pop(host, None)
+
+    def streaming(self, host: str) -> int:
+        """Answers of `host` streaming now that could be moved."""
+        return len(self._streams.get(host, ()))
+
+    def stop(self, host: str, why: str) -> int:
+        """Cut every continuable stream of `host` (`why`: evacuated, drained), each to go on
+        where its conversation's lease now is; how many were cut."""
+        return sum(1 for relay in list(self._streams.get(host, ())) if relay.stop(why))
+
+    # -- what is told
+
+    def told(self, ex: Exchange, r: Resume) -> None:
+        """Log one resume as it is decided or ends."""
+        if r.refused:
+            log.info(
+                "answer of {route} on {host} cut ({cause}) after {sent} tokens: not continued "
+                "({why})",
+                route=ex.route,
+                host=r.source,
+                cause=r.cause,
+                sent=r.sent,
+                why=r.refused,
+            )
+            return
+        log.info(
+            "answer of {route} moved from {source} to {target} ({cause}) after {sent} tokens: "
+            "{outcome}, {prefilled} tokens prefilled again",
+            route=ex.route,
+            source=r.source,
+            target=r.target or "?",
+            cause=r.cause,
+            sent=r.sent,
+            outcome=r.outcome or "re-run",
+            prefilled=r.prefilled,
+        )
