@@ -111,6 +111,9 @@ def _stop(yielded: list[bool], sending: Deferred[Any]) -> None:
     sending.cancel()  # the host's connection closes: it stops generating
 
 
+# A host's failures after it had the request that an inference answer may run again for:
+# it died (or closed) or went silent. An answer that is not HTTP is the host's misconfiguration.
+RERUN_CAUSES = ("reset", "idle timeout")
 _BUSY = (429, 503)  # a host's answers that say "not now": a fallback route may serve instead
 
 
@@ -541,8 +544,10 @@ class ProxyResource(Resource):
                     raise cannot_serve(call, acquired.pinned, HOST_REFUSED, error) from None
                 if failure.reason == CONNECTIONS_BUSY:  # the host is as busy as a 503 says
                     raise cannot_serve(call, acquired.pinned, HOST_BUSY, error) from None
-                if continuation is None and call.kind is Kind.INFERENCE:
-                    # Nothing reached the client: the answer may run again elsewhere.
+                rerun = failure.reason in RERUN_CAUSES and call.kind is Kind.INFERENCE
+                if rerun and continuation is None:
+                    # The host had it and died or went silent before a byte of answer: nothing
+                    # reached the client, and the answer may run again elsewhere.
                     cause = failure.reason.replace(" ", "_")
                     again = await self._rerun(request, call, ex, host, cause)
                     if again is not None:

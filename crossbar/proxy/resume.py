@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import orjson
 from attrs import define, evolve, frozen
@@ -27,19 +27,19 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.proxy.call import Call
-from crossbar.wire import Exchange, Kind, Tokens
-from crossbar.wire.continuation import (
+from crossbar.wire import (
     Before,
+    Exchange,
     Family,
+    Kind,
+    Relay,
     Splice,
+    Tokens,
     Transcript,
     continuation_body,
-    family,
-    refusal,
+    continuation_family,
+    continuation_refusal,
 )
-
-if TYPE_CHECKING:
-    from crossbar.wire.relay import Relay
 
 log = Logger(namespace="crossbar.resume")
 
@@ -49,6 +49,7 @@ DISABLED = "disabled"  # the route's resume_attempts is 0
 ATTEMPTS = "attempts"  # the route's resume_attempts are spent
 NO_PREFILL = "no_prefill"  # no host left that continues a trailing assistant message
 ANSWERED = "idempotency_key"  # an Idempotency-Key whose first answer crossbar recorded
+NO_HOST = "no_other_host"  # an answer that showed nothing runs again only on another host
 # Outcomes.
 RESUMED = "resumed"  # the answer went on and ended whole
 FAILED = "failed"  # a continuation or a re-run was tried and did not end whole
@@ -129,7 +130,7 @@ class Resumer:
         """Why `call`'s streamed answer could never be continued ("" when it could)."""
         if call.route.resume_attempts == 0:
             return DISABLED
-        return refusal(call.dialect, call.inbound.path, call.inbound.body)
+        return continuation_refusal(call.dialect, call.inbound.path, call.inbound.body)
 
     def may_continue(self, call: Call) -> bool:
         """Whether a cut of `call`'s streamed answer might be continued: its relay reads it."""
@@ -141,7 +142,7 @@ class Resumer:
         return (
             call.kind is Kind.INFERENCE
             and call.route.resume_attempts > 0
-            and family(call.dialect, call.inbound.path) is not None
+            and continuation_family(call.dialect, call.inbound.path) is not None
         )
 
     def continues(self, host: str) -> bool:
@@ -203,7 +204,8 @@ class Resumer:
         key = idempotency_key(headers)
         if key is not None and self._was_answered(call, ex, key):
             return ANSWERED
-        return evolve(call, candidates=self.targets(call, host, prefill=False))
+        others = tuple(h for h in call.candidates if h != host)
+        return evolve(call, candidates=others) if others else NO_HOST
 
     def _spent(self, call: Call, ex: Exchange) -> str:
         attempts = call.route.resume_attempts

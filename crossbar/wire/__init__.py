@@ -6,8 +6,16 @@ read from it as it passes. Knows nothing of leases, slots or the store.
 
 from crossbar.wire.answer import ReadAnswer, read_body
 from crossbar.wire.bodies import canonical, limit_output
-from crossbar.wire.continuation import NotContinued, Transcript
+from crossbar.wire.continuation import (
+    Before,
+    Family,
+    NotContinued,
+    Splice,
+    Transcript,
+    continuation_body,
+)
 from crossbar.wire.continuation import family as continuation_family
+from crossbar.wire.continuation import refusal as continuation_refusal
 from crossbar.wire.dialects import OPENAI_CHAT, Dialect, ErrorShape, Kind, classify
 from crossbar.wire.endpoints import HostEndpoints, authorization, no_delay
 from crossbar.wire.errors import (
@@ -53,11 +61,13 @@ __all__ = [
     "MAX_TOKENS",
     "OPENAI_CHAT",
     "REPORT_REASONS",
+    "Before",
     "ClientError",
     "ContinuationRelay",
     "Dialect",
     "ErrorShape",
     "Exchange",
+    "Family",
     "HeaderReader",
     "HostEndpoints",
     "Inbound",
@@ -68,6 +78,7 @@ __all__ = [
     "RawHeaders",
     "ReadAnswer",
     "Relay",
+    "Splice",
     "Tokens",
     "Transcript",
     "Upstream",
@@ -77,7 +88,9 @@ __all__ = [
     "bearer",
     "canonical",
     "classify",
+    "continuation_body",
     "continuation_family",
+    "continuation_refusal",
     "count",
     "forbidden",
     "header_reader",

@@ -20,7 +20,8 @@ from crossbar.testing.fakellama_cli import build_parser
 ROOT = Path(__file__).resolve().parents[2]
 REFERENCE = (ROOT / "docs" / "reference.md").read_text()
 HEADINGS = [
-    *("Config", "Client URLs", "The request path", "Errors", "Headers", "Leases"),
+    *("Config", "Client URLs", "The request path", "Answers that survive their host"),
+    *("Errors", "Headers", "Leases"),
     *("Fingerprints", "Context guard", "Slots", "Batches", "Store", "Hosts", "Admin API"),
     "Metrics",
     *("The fake llama-server", "Python shapes"),

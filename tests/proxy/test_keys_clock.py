@@ -11,7 +11,15 @@ from crossbar.config import hash_secret
 from tests.support.memnet import CHAT_PATH, Client, Crossbar, sse, start
 
 DEV = "sk-clock-dev-0123456789"
-ROUTES = {"convo": {"hosts": ["titan"], "default_model": "qwen-coder", "auth": "keys"}}
+# resume_attempts = 0: a cut stream stays cut (its continuation is told in test_resume.py).
+ROUTES = {
+    "convo": {
+        "hosts": ["titan"],
+        "default_model": "qwen-coder",
+        "auth": "keys",
+        "resume_attempts": 0,
+    }
+}
 ANSWER = json.dumps(
     {"id": "c1", "choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 20}}
 ).encode()

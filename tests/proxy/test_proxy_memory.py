@@ -10,6 +10,7 @@ from tests.support.memnet import MODEL, chat, sse, start
 from tests.support.routes import CONVO
 
 ROUTES = CONVO
+ALONE = {"convo": {**CONVO["convo"], "resume_attempts": 0}}
 CHAT = "/r/convo/v1/chat/completions"
 
 
@@ -30,7 +31,7 @@ def test_a_client_leaving_while_its_host_thinks_aborts_the_host_and_blames_nobod
 
 
 def test_a_completion_the_host_read_and_closed_on_is_sent_once_and_answered_502():
-    crossbar = start(ROUTES)
+    crossbar = start(ALONE)  # resume_attempts = 0: the transport's rule alone
     net = crossbar.net
     net.on_request["titan"] = lambda host: host.answer()
     assert crossbar.post(CHAT, chat("one")).status == 200
@@ -50,6 +51,26 @@ def test_a_completion_the_host_read_and_closed_on_is_sent_once_and_answered_502(
     assert [c.requests() for c in net.connections["titan"]] == [2]  # sent once
     assert crossbar.parts.hosts.healthy("titan")
     assert "atlas" not in net.connections
+
+
+def test_a_completion_whose_host_closed_before_answering_runs_again_once_on_the_other_host():
+    crossbar = start(ROUTES)  # resume_attempts = 1, the default
+    net = crossbar.net
+    net.on_request["titan"] = lambda host: host.answer()
+    assert crossbar.post(CHAT, chat("one")).status == 200
+    net.clock.advance(QUIET)
+    net.on_request["titan"] = lambda host: host.transport.loseConnection()
+    net.on_request["atlas"] = lambda host: host.answer()
+    second = crossbar.post(CHAT, chat("one"))
+    # Its answer showed the client nothing: it ran again, once, elsewhere; the same host is
+    # never asked twice, and nobody is ejected for it.
+    assert second.status == 200 and second.header(b"X-Crossbar-Host") == b"atlas"
+    assert second.header(b"X-Crossbar-Resumed") == b"1"
+    assert [c.requests() for c in net.connections["titan"]] == [2]
+    assert [c.requests() for c in net.connections["atlas"]] == [1]
+    assert crossbar.parts.hosts.healthy("titan")
+    moved = [(e.from_host, e.to_host, e.reason) for e in crossbar.store.events][-1]
+    assert moved == ("titan", "atlas", "resumed")  # the conversation went with its answer
 
 
 @pytest.mark.parametrize(
@@ -170,10 +191,11 @@ def test_a_request_that_breaks_every_host_it_reaches_gets_502_and_ejects_no_one(
     client = crossbar.post(CHAT, chat("warm up"))  # same conversation: titan
     assert client.status == 502
     error = error_of(client)["error"]
-    assert error["type"] == "api_error" and "titan" in error["message"]
-    # On the pooled connection, once: not again fresh, and no other host.
+    assert error["type"] == "api_error" and "atlas" in error["message"]
+    # On the pooled connection, once: not again fresh; then run again once on the other host
+    # (resume_attempts = 1), and no more: two hosts at most, whatever it breaks.
     assert [c.requests() for c in net.connections["titan"]] == [2]
-    assert "atlas" not in net.connections
+    assert [c.requests() for c in net.connections["atlas"]] == [1]
     assert hosts.healthy("titan") and hosts.healthy("atlas")
     net.on_request["atlas"] = lambda host: host.answer()
     assert crossbar.post(CHAT, chat("another conversation")).status == 200

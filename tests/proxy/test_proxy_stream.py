@@ -146,7 +146,9 @@ async def test_a_client_that_reads_nothing_pauses_the_upstream_and_costs_bounded
 async def test_a_host_dying_mid_stream_gives_an_error_event_and_a_cut_response_never_done(launch):
     fakes = await start_fakes("titan", parallel=1)
     fakes["titan"].faults.drop_after_chunks = 3
-    crossbar = await launch(fakes, ONE, parallel=1)
+    # resume_attempts = 0: the stream is not continued (tests/proxy/test_resume.py tells that)
+    alone = {"convo": {**ONE["convo"], "resume_attempts": 0}}
+    crossbar = await launch(fakes, alone, parallel=1)
     rows = []
     crossbar.parts.usage.observers.append(rows.append)
     response = await wait(stream(crossbar, max_tokens=20))
