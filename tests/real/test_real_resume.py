@@ -15,6 +15,14 @@ from tests.support.harness import MODEL
 REPLY = 300  # tokens: several seconds of generation on this machine's one thread per server
 KILL_AFTER = 30  # text events the client reads before its host is killed
 ASK = "Write a long story about a lighthouse keeper and the sea."
+# Greedy, and all REPLY tokens unless cut (the tiny model would stop early): the same body for
+# both APIs, as the official clients send it and as a plain request of the uninterrupted run.
+BODY = {"model": MODEL, "messages": [{"role": "user", "content": ASK}], "max_tokens": REPLY}
+BODY |= {"temperature": 0, "ignore_eos": True}
+SDK = {**{k: v for k, v in BODY.items() if k != "ignore_eos"}, "extra_body": {"ignore_eos": True}}
+# Anthropic's client takes no temperature of its own: the body carries it.
+ANTHROPIC_SDK = {k: v for k, v in BODY.items() if k in ("model", "messages", "max_tokens")}
+ANTHROPIC_SDK["extra_body"] = {"temperature": 0, "ignore_eos": True}
 
 
 async def home(crossbar: Any, fleet: Any) -> str:
@@ -30,12 +38,24 @@ async def home(crossbar: Any, fleet: Any) -> str:
     return await fleet.within(deferToThread(first), 60, "the first turn")
 
 
-def no_repeat(text: str, before: str) -> None:
-    """`text` begins with what the client had before the kill and does not say it twice."""
+def one_answer(text: str, before: str, whole: str) -> None:
+    """`text` begins with what the client had before the kill, does not say it again, and is,
+    at temperature 0, the answer an uninterrupted run gives (`whole`): nothing lost, nothing
+    repeated. (llama-server continues a prefill greedily as it would have gone on; it does
+    not promise so, as it tokenizes the text again, but for this model and prompt it does.)"""
     assert text.startswith(before)
-    rest = text[len(before) :]
-    probe = before.strip()[:24]
-    assert probe and probe not in rest, (before, rest)
+    assert not text[len(before) :].startswith(before[:24])
+    assert text == whole
+
+
+async def uninterrupted(crossbar: Any, fleet: Any, path: str, body: dict[str, Any]) -> Any:
+    """The same request answered whole by the surviving host, through crossbar."""
+    response = await fleet.within(
+        crossbar.client().post(crossbar.url("convo", path), json={**body, "stream": False}),
+        60,
+        "the uninterrupted answer",
+    )
+    return await response.json()
 
 
 @pytest_twisted.ensureDeferred
@@ -49,13 +69,7 @@ async def test_the_openai_client_gets_one_whole_answer_when_its_host_is_killed(l
         before = ""
         with openai_client(crossbar.url("convo", "/v1")) as client:
             stream = client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": ASK}],
-                max_tokens=REPLY,
-                temperature=0,
-                stream=True,
-                stream_options={"include_usage": True},
-                extra_body={"ignore_eos": True},  # all REPLY tokens, unless cut
+                **SDK, stream=True, stream_options={"include_usage": True}
             )
             texts = 0
             for chunk in stream:
@@ -72,8 +86,10 @@ async def test_the_openai_client_gets_one_whole_answer_when_its_host_is_killed(l
 
     text, before, usage, chunks = await fleet.within(deferToThread(run), 120, "the answer")
     assert before, "the host was never killed"
-    no_repeat(text, before)
-    assert len({(c.id, c.created, c.model) for c in chunks}) == 1
+    whole = await uninterrupted(crossbar, fleet, "/v1/chat/completions", BODY)
+    one_answer(text, before, whole["choices"][0]["message"]["content"])
+    # One answer's id and model throughout (llama-server's own `created` moves on each second).
+    assert len({(c.id, c.model) for c in chunks}) == 1
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert usage.completion_tokens == REPLY  # both servers' tokens
     assert usage.model_extra["crossbar_resumed"] == 1
@@ -92,13 +108,7 @@ async def test_the_anthropic_client_gets_one_whole_answer_when_its_host_is_kille
         )
         pieces: list[str] = []
         before = ""
-        with client.messages.stream(
-            model=MODEL,
-            max_tokens=REPLY,
-            temperature=0,
-            messages=[{"role": "user", "content": ASK}],
-            extra_body={"ignore_eos": True},
-        ) as stream:
+        with client.messages.stream(**ANTHROPIC_SDK) as stream:
             for piece in stream.text_stream:
                 pieces.append(piece)
                 if len(pieces) == KILL_AFTER:
@@ -109,7 +119,8 @@ async def test_the_anthropic_client_gets_one_whole_answer_when_its_host_is_kille
 
     text, before, message = await fleet.within(deferToThread(run), 120, "the answer")
     assert before, "the host was never killed"
-    no_repeat(text, before)
+    whole = await uninterrupted(crossbar, fleet, "/v1/messages", BODY)
+    one_answer(text, before, whole["content"][0]["text"])
     assert message.stop_reason == "max_tokens"
     assert message.content[0].text == text
     assert message.usage.output_tokens == REPLY  # both servers' tokens
