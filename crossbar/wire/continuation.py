@@ -12,7 +12,6 @@ stripped exactly, and the usage counting both hosts' tokens.
 
 from __future__ import annotations
 
-import copy
 import enum
 from collections.abc import Callable
 from typing import Any
@@ -238,8 +237,6 @@ def continuation_body(kind: Family, body: dict[str, Any], text: str, sent: int) 
         limit = body.get(name)
         if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
             out[name] = max(1, limit - sent)
-    if kind is Family.CHAT and isinstance(body.get("stream_options"), dict):
-        out["stream_options"] = {**body["stream_options"], "include_usage": True}
     return out
 
 
@@ -418,6 +415,3 @@ class Splice:
             raise NotContinued("the host's answer ended before the text it was given came back")
 
 
-def copied(body: Any) -> Any:
-    """A deep copy of a request body (a continuation never changes the client's)."""
-    return copy.deepcopy(body)
