@@ -2,7 +2,7 @@
 between tokens it adds, and its memory.
 
     .venv/bin/python bench/proxy/streams.py [--streams 200,1000] [--rate 20] [--duration 10]
-                                      [--runs 1] [--json]
+                                      [--runs 1] [--resume-attempts 1] [--json]
 
 The source is bench/proxy/sse_source.py (pre-built chunks written on a timer, 20 a second per
 stream), the client is asyncio in this process (raw HTTP/1.1, one connection per stream).
@@ -49,6 +49,7 @@ models = ["{model}"]
 
 [routes.bench]
 hosts = ["source"]
+resume_attempts = {resume}
 """
 
 
@@ -157,7 +158,7 @@ def one_n(n: int, args: argparse.Namespace, work: Path) -> dict[str, Any]:
         config = work / f"crossbar-{n}.toml"
         config.write_text(CONFIG.format(port=port, admin=admin, db=work / f"cb-{n}.db",
                                         upstream=upstream, parallel=max(64, 2 * n),
-                                        model=MODEL))  # fmt: skip
+                                        model=MODEL, resume=args.resume_attempts))  # fmt: skip
         crossbar = start([TWISTD, "-n", "--pidfile=", "crossbar", "-c", str(config)], work,
                          f"crossbar-{n}")  # fmt: skip
         try:
@@ -207,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--json", action="store_true")
+    # 0: crossbar relays each stream without reading its text (nothing can be continued);
+    # the default 1 keeps each stream's transcript for a continuation (issue 50).
+    parser.add_argument("--resume-attempts", type=int, default=1)
     args = parser.parse_args(argv)
     assert CLK_TCK > 0
     rows = []
