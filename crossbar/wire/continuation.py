@@ -124,35 +124,87 @@ def sse(name: bytes, obj: Any) -> bytes:
     return b"event: " + name + b"\n" + data if name else data
 
 
+# Bytes of a stream a transcript keeps unread: it is read when the stream is cut (most never
+# are: an answer relayed whole costs its events no parse), or when this much has waited.
+KEEP_UNREAD = 256 * 1024
+
+
 @define
 class Transcript:
-    """A stream as its client got it, read event by event."""
+    """A stream as its client got it. `feed` keeps the bytes; they are read only when asked
+    (`text`, `why_not`...), so a stream that is never cut is never parsed."""
 
     kind: Family
-    text: str = ""  # the answer's text the client has
-    pieces: int = 0  # events that carried text: about the tokens it has
-    id: Any = None  # the first event's id, creation time and model, as the client saw them
-    created: Any = None
-    model: Any = None
-    blocked: str = ""  # why it cannot be continued past here ("" while it can)
-    finished: bool = False  # the answer's own end went by
-    open_block: int | None = None  # Anthropic: the index of the text block still open
-    blocks: int = 0  # Anthropic: content blocks begun
+    _text_: str = ""
+    _pieces: int = 0
+    _ids: tuple[Any, Any, Any] | None = None  # the first event's id, created, model
+    _blocked: str = ""
+    _finished: bool = False
+    _open_block: int | None = None  # Anthropic: the index of the text block still open
+    _blocks: int = 0  # Anthropic: content blocks begun
+    _unread: list[bytes] = field(factory=list)
+    _unread_bytes: int = 0
     _events: _Events = field(factory=_Events)
 
     def feed(self, data: bytes) -> None:
-        """Read one chunk of the stream."""
+        """Keep one chunk of the stream."""
+        self._unread.append(data)
+        self._unread_bytes += len(data)
+        if self._unread_bytes > KEEP_UNREAD:
+            self._read()
+
+    def _read(self) -> None:
+        if not self._unread:
+            return
+        data = b"".join(self._unread)
+        self._unread.clear()
+        self._unread_bytes = 0
         for name, payload in self._events.feed(data):
             self.take(name, payload)
 
+    @property
+    def text(self) -> str:
+        """The answer's text the client has."""
+        self._read()
+        return self._text_
+
+    @property
+    def pieces(self) -> int:
+        """Events that carried text: about the tokens the client has."""
+        self._read()
+        return self._pieces
+
+    @property
+    def id(self) -> Any:
+        """The id the client saw (None before the first event with one)."""
+        self._read()
+        return self._ids[0] if self._ids else None
+
+    @property
+    def created(self) -> Any:
+        self._read()
+        return self._ids[1] if self._ids else None
+
+    @property
+    def model(self) -> Any:
+        self._read()
+        return self._ids[2] if self._ids else None
+
+    @property
+    def open_block(self) -> int | None:
+        """Anthropic: the index of the client's text block still open (None: none is)."""
+        self._read()
+        return self._open_block
+
     def why_not(self) -> str:
         """Why the answer cannot be continued from here, "" when it can."""
-        return self.blocked or (FINISHED if self.finished else "")
+        self._read()
+        return self._blocked or (FINISHED if self._finished else "")
 
     def take(self, name: bytes, payload: bytes) -> None:
         """Read one event."""
         if payload.strip() == b"[DONE]":
-            self.finished = True
+            self._finished = True
             return
         obj = _loads(payload)
         if not isinstance(obj, dict):
@@ -160,66 +212,66 @@ class Transcript:
         if self.kind is Family.ANTHROPIC:
             self._anthropic(obj)
             return
-        if self.id is None:
-            self.id, self.created, self.model = obj.get("id"), obj.get("created"), obj.get("model")
+        if self._ids is None:
+            self._ids = (obj.get("id"), obj.get("created"), obj.get("model"))
         if self.kind is Family.NATIVE:
             self._text(obj.get("content"))
             if obj.get("stop") is True:
-                self.finished = True
+                self._finished = True
             return
         for choice in obj.get("choices") or ():
             if not isinstance(choice, dict):
                 continue
             if choice.get("index", 0) != 0:
-                self.blocked = self.blocked or CHOICES
+                self._blocked = self._blocked or CHOICES
             if self.kind is Family.COMPLETIONS:
                 self._text(choice.get("text"))
             else:
                 delta = choice.get("delta")
                 if isinstance(delta, dict):
                     if delta.get("tool_calls") or delta.get("function_call"):
-                        self.blocked = self.blocked or TOOL_CALL
+                        self._blocked = self._blocked or TOOL_CALL
                     if delta.get("reasoning_content") or delta.get("reasoning"):
-                        self.blocked = self.blocked or REASONING
+                        self._blocked = self._blocked or REASONING
                     self._text(delta.get("content"))
             if choice.get("finish_reason") is not None:
-                self.finished = True
+                self._finished = True
 
     def _text(self, piece: Any) -> None:
         if isinstance(piece, str) and piece:
-            self.text += piece
-            self.pieces += 1
+            self._text_ += piece
+            self._pieces += 1
 
     def _anthropic(self, obj: dict[str, Any]) -> None:
         kind = obj.get("type")
         if kind == "message_start":
             message = obj.get("message")
-            if isinstance(message, dict) and self.id is None:
-                self.id, self.model = message.get("id"), message.get("model")
+            if isinstance(message, dict) and self._ids is None:
+                self._ids = (message.get("id"), None, message.get("model"))
         elif kind == "content_block_start":
-            self.blocks += 1
+            self._blocks += 1
             block = obj.get("content_block")
             block_type = block.get("type") if isinstance(block, dict) else None
-            if block_type == "text" and self.blocks == 1:
-                self.open_block = obj.get("index", 0)
+            if block_type == "text" and self._blocks == 1:
+                self._open_block = obj.get("index", 0)
             elif block_type in ("thinking", "redacted_thinking"):
-                self.blocked = self.blocked or REASONING
+                self._blocked = self._blocked or REASONING
             else:
-                self.blocked = self.blocked or TOOL_CALL
+                self._blocked = self._blocked or TOOL_CALL
         elif kind == "content_block_delta":
             delta = obj.get("delta")
             if isinstance(delta, dict):
                 if delta.get("type") == "text_delta":
                     self._text(delta.get("text"))
                 elif delta.get("type") == "input_json_delta":
-                    self.blocked = self.blocked or TOOL_CALL
+                    self._blocked = self._blocked or TOOL_CALL
                 elif delta.get("type") in ("thinking_delta", "signature_delta"):
-                    self.blocked = self.blocked or REASONING
+                    self._blocked = self._blocked or REASONING
         elif kind == "content_block_stop":
-            self.open_block = None
-            self.finished = True  # llama-server's one text block ended: the answer has
+            self._open_block = None
+            self._finished = True  # llama-server's one text block ended: the answer has
         elif kind in ("message_delta", "message_stop"):
-            self.finished = True
+            self._finished = True
 
 
 def continuation_body(kind: Family, body: dict[str, Any], text: str, sent: int) -> dict[str, Any]:
