@@ -234,11 +234,13 @@ class FakeApi(Resource):
         try:
             if request.path == b"/v1/responses/input_tokens":
                 messages = responses_messages(body.get("instructions"), body.get("input"))
-            elif request.path == b"/v1/messages/count_tokens":
+                return render_chat(messages)
+            if request.path == b"/v1/messages/count_tokens":
                 messages = anthropic_messages(body.get("system"), body.get("messages"))
-            else:
-                messages = body.get("messages")
-            return render_chat(messages)
+                return render_chat(messages)
+            messages = body.get("messages")
+            # As inference renders it: a trailing assistant message left open to continue.
+            return render_chat(messages, prefill=self._fake.config.prefill_assistant)
         except ValueError as e:
             raise bad_request(str(e)) from None
 
