@@ -237,8 +237,8 @@ class FakeApi(Resource):
                 return render_chat(messages)
             if request.path == b"/v1/messages/count_tokens":
                 messages = anthropic_messages(body.get("system"), body.get("messages"))
-                return render_chat(messages)
-            messages = body.get("messages")
+            else:
+                messages = body.get("messages")
             # As inference renders it: a trailing assistant message left open to continue.
             return render_chat(messages, prefill=self._fake.config.prefill_assistant)
         except ValueError as e:

@@ -60,8 +60,8 @@ _LIMIT_KEYS = {
     "responses": ("n_predict", "max_output_tokens", "max_tokens"),
     "anthropic": ("n_predict", "max_tokens"),
 }
-# The kinds whose trailing assistant message the fake continues.
-_PREFILLED = ("chat",)
+# The kinds whose trailing assistant message the fake continues (Responses: not yet).
+_PREFILLED = ("chat", "anthropic")
 
 
 class Dropped(Exception):

@@ -52,9 +52,9 @@ class FakeConfig:
     # llama-server refuses `previous_response_id` (tools/server/server-chat.cpp); on, the fake
     # keeps responses instead, as OpenAI's own API and some routers do.
     keep_responses: bool = field(default=False, validator=_switch)
-    # llama-server continues a chat's trailing assistant message, its answer starting with that
-    # text (the first streamed delta is it and the first new token); `--no-prefill-assistant`
-    # (False here) answers it as a finished turn instead.
+    # llama-server continues a trailing assistant message (chat, Anthropic), its answer starting
+    # with that text (the first streamed delta is it and the first new token);
+    # `--no-prefill-assistant` (False here) answers it as a finished turn instead.
     prefill_assistant: bool = field(default=True, validator=_switch)
     # llama-server's `--api-key`: every path but /health and /v1/health then needs it, as
     # `Authorization: Bearer <key>` or `X-Api-Key`, else 401 (tools/server/server-http.cpp).
