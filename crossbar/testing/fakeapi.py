@@ -83,12 +83,18 @@ class FakeApi(Resource):
         d.addBoth(self._done, request)
         return NOT_DONE_YET
 
-    def drop(self, request: Request) -> None:
-        """Cut `request`'s connection (after what was written is flushed), on purpose."""
+    def drop(self, request: Request, reset: bool = False) -> None:
+        """Cut `request`'s connection on purpose: closed after what was written is flushed, or
+        with `reset` at once by a TCP reset (which drops what Twisted still buffers)."""
         self._dropped.add(request)
         self._fake.counters.dropped += 1
-        if request.channel is not None and request.channel.transport is not None:
-            request.channel.transport.loseConnection()
+        transport = request.channel.transport if request.channel is not None else None
+        if transport is None:
+            return
+        if reset:
+            transport.abortConnection()  # SO_LINGER 0, then close: the peer gets an RST
+        else:
+            transport.loseConnection()
 
     def mark_all_dropped(self, spare: object = None) -> None:
         """Every open request is about to be cut by the fake itself (refuse, stop)."""

@@ -65,7 +65,7 @@ _PREFILLED = ("chat", "anthropic")
 
 
 class Dropped(Exception):
-    """The fake cut the connection on purpose (drop_after_chunks)."""
+    """The fake cut the connection on purpose (drop_after_chunks, reset_after_chunks)."""
 
 
 def _prompt_tokens(fake: Fake, prompt: Any) -> list[int]:
@@ -235,8 +235,20 @@ class _Output:
         if faults.drop_after_chunks is not None and self.sent >= faults.drop_after_chunks:
             self._fake.api.drop(self._request)
             raise Dropped()
+        if faults.reset_after_chunks is not None and self.sent >= faults.reset_after_chunks:
+            await self._flushed()
+            self._fake.api.drop(self._request, reset=True)
+            raise Dropped()
         if faults.stall_after_chunks is not None and self.sent >= faults.stall_after_chunks:
             await Deferred()  # silent until the client leaves (which cancels this)
+
+    async def _flushed(self) -> None:
+        """Wait until what was written has left (a reset drops what Twisted still holds): while
+        the client's connection takes no more, then one reactor turn, in which the transport
+        writes out the rest."""
+        if self._flow is not None:
+            await self._flow.ready()
+        await _sleep(self._fake, 0)
 
     async def _send(self, events: list[tuple[Any, str | None]]) -> None:
         for data, event in events:

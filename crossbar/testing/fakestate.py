@@ -102,6 +102,8 @@ class Faults:
       generation); `/health` and the control paths still answer.
     - `drop_after_chunks`: a stream is cut (TCP close, no terminating chunk) after N SSE
       events; 0 also cuts non-streaming inference before any response byte.
+    - `reset_after_chunks`: as `drop_after_chunks`, but the cut is a TCP reset (RST): the
+      client reads the N events, then ECONNRESET rather than an end of stream.
     - `stall_after_chunks`: a stream goes silent after N SSE events, connection kept open;
       0 also stalls non-streaming inference before any response byte.
     - `loading`: `/health` and every other llama-server path answer 503 "Loading model".
@@ -116,6 +118,7 @@ class Faults:
     busy: int | None = field(default=None, validator=_busy)
     hang: bool = field(default=False, validator=_switch)
     drop_after_chunks: int | None = field(default=None, validator=_chunks)
+    reset_after_chunks: int | None = field(default=None, validator=_chunks)
     stall_after_chunks: int | None = field(default=None, validator=_chunks)
     loading: bool = field(default=False, validator=_switch)
     report: dict[str, Any] | None = field(default=None, validator=_report)
@@ -170,7 +173,7 @@ class Counters:
     cached_tokens: int = 0  # prompt tokens reused from a cache
     predicted_tokens: int = 0
     aborted: int = 0  # requests whose client closed before the fake finished
-    dropped: int = 0  # requests the fake cut (drop_after_chunks, refuse, stop)
+    dropped: int = 0  # requests the fake cut (drop_ and reset_after_chunks, refuse, stop)
     in_flight: int = 0  # inference requests being handled, queued ones included
     peak_in_flight: int = 0
     queued: int = 0  # inference requests waiting for a slot
