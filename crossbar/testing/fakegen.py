@@ -64,6 +64,14 @@ _LIMIT_KEYS = {
 _PREFILLED = ("chat", "anthropic")
 
 
+# The mid-stream faults, in the order they are checked.
+_CUTS = ("drop_after_chunks", "reset_after_chunks", "stall_after_chunks")
+
+
+def _due(after: int | None, sent: int) -> bool:
+    return after is not None and sent >= after
+
+
 class Dropped(Exception):
     """The fake cut the connection on purpose (drop_after_chunks, reset_after_chunks)."""
 
@@ -232,15 +240,17 @@ class _Output:
 
     async def _gate(self) -> None:
         faults = self._fake.faults
-        if faults.drop_after_chunks is not None and self.sent >= faults.drop_after_chunks:
-            self._fake.api.drop(self._request)
-            raise Dropped()
-        if faults.reset_after_chunks is not None and self.sent >= faults.reset_after_chunks:
-            await self._flushed()
-            self._fake.api.drop(self._request, reset=True)
-            raise Dropped()
-        if faults.stall_after_chunks is not None and self.sent >= faults.stall_after_chunks:
+        cut = next((c for c in _CUTS if _due(getattr(faults, c), self.sent)), None)
+        if cut is None:
+            return
+        if faults.cut_once:
+            setattr(faults, cut, None)  # here, so no other request can meet it meanwhile
+        if cut == "stall_after_chunks":
             await Deferred()  # silent until the client leaves (which cancels this)
+        if cut == "reset_after_chunks":
+            await self._flushed()
+        self._fake.api.drop(self._request, reset=cut == "reset_after_chunks")
+        raise Dropped()
 
     async def _flushed(self) -> None:
         """Wait until what was written has left (a reset drops what Twisted still holds): while

@@ -91,7 +91,7 @@ def _refuse_changed(faults: Faults, _: Attribute[Any], value: bool) -> bool:
 @define
 class Faults:
     """Switches a test flips to make the fake misbehave. Each takes effect at once: for new
-    requests, and (drop, stall) for streams already running at their next event.
+    requests, and (drop, reset, stall) for streams already running at their next event.
 
     - `refuse`: stop listening and drop open connections (a dead host); off listens again on
       the same port. `await fake.settle()` waits until the listener has followed.
@@ -106,6 +106,9 @@ class Faults:
       client reads the N events, then ECONNRESET rather than an end of stream.
     - `stall_after_chunks`: a stream goes silent after N SSE events, connection kept open;
       0 also stalls non-streaming inference before any response byte.
+    - `cut_once`: each of those three cuts one request, then turns itself off (None), at the
+      cut: "cut once, then the host works again", with no race against a retry the client
+      sends by itself (a test that turns the switch off after the cut may lose it).
     - `loading`: `/health` and every other llama-server path answer 503 "Loading model".
     - `report`: a lying host: `{"usage": {...}, "timings": {...}}` whose fields replace those
       of every answer's `usage` and `timings` (any JSON: 2**63, 1e-320, -100000).
@@ -120,6 +123,7 @@ class Faults:
     drop_after_chunks: int | None = field(default=None, validator=_chunks)
     reset_after_chunks: int | None = field(default=None, validator=_chunks)
     stall_after_chunks: int | None = field(default=None, validator=_chunks)
+    cut_once: bool = field(default=False, validator=_switch)
     loading: bool = field(default=False, validator=_switch)
     report: dict[str, Any] | None = field(default=None, validator=_report)
     _on_refuse: Callable[[bool], None] | None = field(

@@ -204,6 +204,29 @@ async def test_a_reset_reaches_the_client_as_econnreset_after_the_events_that_le
 
 
 @pytest_twisted.ensureDeferred
+async def test_cut_once_cuts_one_stream_and_the_host_then_works_again(fake):
+    fake.config.tokens_per_second = 100  # two streams run side by side
+    fake.faults.cut_once = True
+    fake.faults.drop_after_chunks = 3
+    one, two = await open_stream(fake, max_tokens=10), await open_stream(fake, max_tokens=10)
+    await wait(one.done)
+    await wait(two.done)
+    # Whichever got to its 3rd event first was cut; the other, and what follows, are whole.
+    assert sorted(s.reason.check(ResponseDone) is None for s in (one, two)) == [False, True]
+    assert fake.faults.drop_after_chunks is None  # the switch turned itself off at the cut
+    fake.faults.stall_after_chunks = 2
+    stalled = await open_stream(fake)
+    await until(lambda: fake.faults.stall_after_chunks is None)  # stalled, and switched off
+    whole = await open_stream(fake, max_tokens=3)
+    await wait(whole.done)
+    assert whole.reason.check(ResponseDone)
+    assert stalled.data.count(b"data: ") == 2 and not stalled.done.called
+    stalled.transport.stopProducing()
+    await until(lambda: fake.counters.in_flight == 0)
+    assert (fake.counters.dropped, fake.counters.aborted) == (1, 1)
+
+
+@pytest_twisted.ensureDeferred
 async def test_stall_after_chunks_goes_silent_with_the_connection_open(fake):
     fake.faults.stall_after_chunks = 2
     stream = await open_stream(fake, n=2, max_tokens=20)
