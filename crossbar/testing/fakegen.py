@@ -23,7 +23,13 @@ from crossbar.testing.fakehttp import (
     sse_event,
 )
 from crossbar.testing.fakestate import Completion, Fake
-from crossbar.testing.faketokens import render_chat, reply_pieces, responses_messages, split_pieces
+from crossbar.testing.faketokens import (
+    answer_pieces,
+    continued_text,
+    render_chat,
+    responses_messages,
+    split_pieces,
+)
 from crossbar.testing.faketools import TOOL_FORMATS, planned_call
 
 KINDS = {
@@ -54,10 +60,20 @@ _LIMIT_KEYS = {
     "responses": ("n_predict", "max_output_tokens", "max_tokens"),
     "anthropic": ("n_predict", "max_tokens"),
 }
+# The kinds whose trailing assistant message the fake continues (Responses: not yet).
+_PREFILLED = ("chat", "anthropic")
+
+
+# The mid-stream faults, in the order they are checked.
+_CUTS = ("drop_after_chunks", "reset_after_chunks", "stall_after_chunks")
+
+
+def _due(after: int | None, sent: int) -> bool:
+    return after is not None and sent >= after
 
 
 class Dropped(Exception):
-    """The fake cut the connection on purpose (drop_after_chunks)."""
+    """The fake cut the connection on purpose (drop_after_chunks, reset_after_chunks)."""
 
 
 def _prompt_tokens(fake: Fake, prompt: Any) -> list[int]:
@@ -110,14 +126,18 @@ def parse_job(fake: Fake, path: str, body: dict[str, Any]) -> Job:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise bad_request("'stream' must be a boolean")
+    prefix: str | None = None  # the trailing assistant message continued
     try:
         messages = _messages(fake, kind, body)
         if messages is not None:
-            prompt = fake.tokenizer.tokenize(render_chat(messages))
+            prefill = fake.config.prefill_assistant and kind in _PREFILLED
+            prefix = continued_text(messages) if prefill else None
+            prompt = fake.tokenizer.tokenize(render_chat(messages, prefill=prefill))
         else:
             prompt = _prompt_tokens(fake, body.get("prompt"))
     except ValueError as e:
         raise bad_request(str(e)) from None
+    reply, held = answer_pieces(prompt, prefix)
     limit = next((body[k] for k in _LIMIT_KEYS[kind] if body.get(k) is not None), None)
     if limit is not None and (type(limit) is not int or limit < -1):
         raise bad_request("the token limit must be an integer")
@@ -135,6 +155,8 @@ def parse_job(fake: Fake, path: str, body: dict[str, Any]) -> Job:
         )
     call = planned_call(kind, body) if kind in TOOL_FORMATS else None
     eos = fake.config.eos_after
+    if eos is not None:
+        eos = max(eos - held, 0)  # a continued answer ends where the uncut one would have
     if call:  # the call is the whole reply, however long; EOS right after it
         eos = len(split_pieces(call.arguments))
         n_predict = n_predict if limited else eos
@@ -161,22 +183,9 @@ def parse_job(fake: Fake, path: str, body: dict[str, Any]) -> Job:
         item_id="msg_" + secrets.token_hex(12),
         include_usage=_include_usage(body),
         tool_call=call,
-        prefix=_continued(fake, kind, messages),
+        prefix=prefix or "",
+        reply=iter(split_pieces(call.arguments)) if call else reply,
     )
-
-
-def _continued(fake: Fake, kind: str, messages: list[dict[str, Any]] | None) -> str:
-    """The text of a chat's trailing assistant message, which llama-server continues (and
-    echoes at the start of its answer) unless it runs with `--no-prefill-assistant`."""
-    if kind != "chat" or not messages or not fake.config.prefill_assistant:
-        return ""
-    last = messages[-1]
-    if not isinstance(last, dict) or last.get("role") != "assistant":
-        return ""
-    content = last.get("content")
-    if isinstance(content, list):
-        content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return content if isinstance(content, str) else ""
 
 
 def _include_usage(body: dict[str, Any]) -> bool:
@@ -231,11 +240,25 @@ class _Output:
 
     async def _gate(self) -> None:
         faults = self._fake.faults
-        if faults.drop_after_chunks is not None and self.sent >= faults.drop_after_chunks:
-            self._fake.api.drop(self._request)
-            raise Dropped()
-        if faults.stall_after_chunks is not None and self.sent >= faults.stall_after_chunks:
+        cut = next((c for c in _CUTS if _due(getattr(faults, c), self.sent)), None)
+        if cut is None:
+            return
+        if faults.cut_once:
+            setattr(faults, cut, None)  # here, so no other request can meet it meanwhile
+        if cut == "stall_after_chunks":
             await Deferred()  # silent until the client leaves (which cancels this)
+        if cut == "reset_after_chunks":
+            await self._flushed()
+        self._fake.api.drop(self._request, reset=cut == "reset_after_chunks")
+        raise Dropped()
+
+    async def _flushed(self) -> None:
+        """Wait until what was written has left (a reset drops what Twisted still holds): while
+        the client's connection takes no more, then one reactor turn, in which the transport
+        writes out the rest."""
+        if self._flow is not None:
+            await self._flow.ready()
+        await _sleep(self._fake, 0)
 
     async def _send(self, events: list[tuple[Any, str | None]]) -> None:
         for data, event in events:
@@ -330,8 +353,7 @@ async def _run(fake: Fake, request: Request, job: Job) -> None:
         prefilled = fake.reactor.seconds()
         await out.begin()
         gap = 1 / config.tokens_per_second if config.tokens_per_second else 0
-        call = job.tool_call
-        reply = iter(split_pieces(call.arguments)) if call else reply_pieces(job.prompt)
+        reply = job.reply
         for i in range(job.n_predict):
             # Every token costs a decode step (a reactor turn at least, so streams interleave
             # and each SSE event leaves on its own).

@@ -14,6 +14,7 @@ props and slots, OpenAI-style and native completions (JSON and SSE, with `usage`
 from __future__ import annotations
 
 from collections import OrderedDict
+from itertools import islice
 from typing import Any
 
 from attrs import evolve
@@ -28,7 +29,7 @@ from twisted.web.server import Request, Site
 from crossbar.testing.fakeapi import FakeApi
 from crossbar.testing.fakecache import PromptCache
 from crossbar.testing.fakestate import Completion, Counters, FakeConfig, Faults
-from crossbar.testing.faketokens import Tokenizer, render_chat, reply_text
+from crossbar.testing.faketokens import Tokenizer, answer_pieces, continued_text, render_chat
 
 __all__ = ["Completion", "Counters", "FakeConfig", "FakeLlama", "Faults"]
 
@@ -185,7 +186,8 @@ class FakeLlama:
 
     def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt tokens of a chat request for `messages`."""
-        return self.tokenizer.tokenize(render_chat(messages))
+        prefill = self.config.prefill_assistant
+        return self.tokenizer.tokenize(render_chat(messages, prefill=prefill))
 
     def reply(
         self,
@@ -193,9 +195,12 @@ class FakeLlama:
         prompt: str | list[int] | None = None,
         max_tokens: int | None = None,
     ) -> str:
-        """The text the fake answers to chat `messages` or to a raw `prompt`."""
+        """The text the fake answers to chat `messages` or to a raw `prompt`; when it continues
+        a trailing assistant message, only what follows it (the answer echoes it first)."""
+        prefix = None
         if messages is not None:
             tokens = self.chat_prompt(messages)
+            prefix = continued_text(messages) if self.config.prefill_assistant else None
         elif isinstance(prompt, str):
             tokens = self.tokenizer.tokenize(prompt)
         elif prompt is not None:
@@ -203,7 +208,8 @@ class FakeLlama:
         else:
             raise ValueError("give messages or prompt")
         n = self.config.reply_tokens if max_tokens is None else max_tokens
-        return reply_text(tokens, min(n, self.config.ctx - len(tokens)))
+        pieces, _ = answer_pieces(tokens, prefix)
+        return "".join(islice(pieces, min(n, self.config.ctx - len(tokens))))
 
     def remember(self, response_id: str, conversation: list[dict[str, Any]]) -> None:
         """Keep a Responses-API conversation (prompt messages + reply) for chaining."""

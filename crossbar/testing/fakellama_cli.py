@@ -73,6 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     faults.add_argument("--error-500", action="store_true", help="answer 500 to inference")
     faults.add_argument("--hang", action="store_true", help="accept inference, never answer")
     faults.add_argument("--drop-after-chunks", type=int, metavar="N", help="cut streams after N")
+    faults.add_argument("--reset-after-chunks", type=int, metavar="N",
+                        help="reset streams (TCP RST) after N")  # fmt: skip
     faults.add_argument("--stall-after-chunks", type=int, metavar="N", help="stall streams at N")
     faults.add_argument("--loading", action="store_true", help="stay in 503 Loading model")
     return p
@@ -97,6 +99,7 @@ def _config(args: argparse.Namespace) -> tuple[FakeConfig, Faults]:
         error_500=args.error_500,
         hang=args.hang,
         drop_after_chunks=args.drop_after_chunks,
+        reset_after_chunks=args.reset_after_chunks,
         stall_after_chunks=args.stall_after_chunks,
         loading=args.loading,
     )

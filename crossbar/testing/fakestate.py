@@ -52,9 +52,9 @@ class FakeConfig:
     # llama-server refuses `previous_response_id` (tools/server/server-chat.cpp); on, the fake
     # keeps responses instead, as OpenAI's own API and some routers do.
     keep_responses: bool = field(default=False, validator=_switch)
-    # llama-server continues a chat's trailing assistant message, its answer starting with that
-    # text (the first streamed delta is it and the first new token); `--no-prefill-assistant`
-    # (False here) answers it as a finished turn instead.
+    # llama-server continues a trailing assistant message (chat, Anthropic), its answer starting
+    # with that text (the first streamed delta is it and the first new token);
+    # `--no-prefill-assistant` (False here) answers it as a finished turn instead.
     prefill_assistant: bool = field(default=True, validator=_switch)
     # llama-server's `--api-key`: every path but /health and /v1/health then needs it, as
     # `Authorization: Bearer <key>` or `X-Api-Key`, else 401 (tools/server/server-http.cpp).
@@ -91,7 +91,7 @@ def _refuse_changed(faults: Faults, _: Attribute[Any], value: bool) -> bool:
 @define
 class Faults:
     """Switches a test flips to make the fake misbehave. Each takes effect at once: for new
-    requests, and (drop, stall) for streams already running at their next event.
+    requests, and (drop, reset, stall) for streams already running at their next event.
 
     - `refuse`: stop listening and drop open connections (a dead host); off listens again on
       the same port. `await fake.settle()` waits until the listener has followed.
@@ -102,8 +102,13 @@ class Faults:
       generation); `/health` and the control paths still answer.
     - `drop_after_chunks`: a stream is cut (TCP close, no terminating chunk) after N SSE
       events; 0 also cuts non-streaming inference before any response byte.
+    - `reset_after_chunks`: as `drop_after_chunks`, but the cut is a TCP reset (RST): the
+      client reads the N events, then ECONNRESET rather than an end of stream.
     - `stall_after_chunks`: a stream goes silent after N SSE events, connection kept open;
       0 also stalls non-streaming inference before any response byte.
+    - `cut_once`: each of those three cuts one request, then turns itself off (None), at the
+      cut: "cut once, then the host works again", with no race against a retry the client
+      sends by itself (a test that turns the switch off after the cut may lose it).
     - `loading`: `/health` and every other llama-server path answer 503 "Loading model".
     - `report`: a lying host: `{"usage": {...}, "timings": {...}}` whose fields replace those
       of every answer's `usage` and `timings` (any JSON: 2**63, 1e-320, -100000).
@@ -116,7 +121,9 @@ class Faults:
     busy: int | None = field(default=None, validator=_busy)
     hang: bool = field(default=False, validator=_switch)
     drop_after_chunks: int | None = field(default=None, validator=_chunks)
+    reset_after_chunks: int | None = field(default=None, validator=_chunks)
     stall_after_chunks: int | None = field(default=None, validator=_chunks)
+    cut_once: bool = field(default=False, validator=_switch)
     loading: bool = field(default=False, validator=_switch)
     report: dict[str, Any] | None = field(default=None, validator=_report)
     _on_refuse: Callable[[bool], None] | None = field(
@@ -170,7 +177,7 @@ class Counters:
     cached_tokens: int = 0  # prompt tokens reused from a cache
     predicted_tokens: int = 0
     aborted: int = 0  # requests whose client closed before the fake finished
-    dropped: int = 0  # requests the fake cut (drop_after_chunks, refuse, stop)
+    dropped: int = 0  # requests the fake cut (drop_ and reset_after_chunks, refuse, stop)
     in_flight: int = 0  # inference requests being handled, queued ones included
     peak_in_flight: int = 0
     queued: int = 0  # inference requests waiting for a slot

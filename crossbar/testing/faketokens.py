@@ -115,14 +115,42 @@ def render_message(message: dict[str, Any]) -> str:
     return f"{IM_START}{role}\n{text}{IM_END}\n"
 
 
-def render_chat(messages: Any, add_generation_prompt: bool = True) -> str:
-    """The prompt for `messages`; with the assistant header when a reply is to follow."""
+def render_chat(messages: Any, add_generation_prompt: bool = True, prefill: bool = False) -> str:
+    """The prompt for `messages`; with the assistant header when a reply is to follow. With
+    `prefill`, a trailing assistant message is left open for the reply to continue, as
+    llama-server renders it (its `--prefill-assistant`, on by default): the header, then its
+    text, no end of turn."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty array")
+    prefix = continued_text(messages) if prefill else None
+    if prefix is not None:
+        return "".join(render_message(m) for m in messages[:-1]) + f"{IM_START}assistant\n{prefix}"
     prompt = "".join(render_message(m) for m in messages)
     if add_generation_prompt:
         prompt += f"{IM_START}assistant\n"
     return prompt
+
+
+def continued_text(messages: list[Any]) -> str | None:
+    """The text of `messages`' trailing assistant message, which llama-server continues and
+    echoes at the start of its answer: its text parts joined by a blank line (as its
+    `common_chat_msg::render_content`); None when the last message is not the assistant's.
+    ValueError, as llama-server's 400s, for what it cannot continue."""
+    last = messages[-1] if messages else None
+    if not isinstance(last, dict) or last.get("role") != "assistant":
+        return None
+    before = messages[-2] if len(messages) > 1 else None
+    if isinstance(before, dict) and before.get("role") == "assistant":
+        raise ValueError("Cannot have 2 or more assistant messages at the end of the list.")
+    content = last.get("content")
+    blocks = [b for b in content if isinstance(b, dict)] if isinstance(content, list) else []
+    if last.get("tool_calls") or any(b.get("type") == "tool_use" for b in blocks):
+        raise ValueError("Cannot continue an assistant message that contains tool calls.")
+    if isinstance(content, str):
+        return content
+    return "\n\n".join(
+        b["text"] for b in blocks if b.get("type") == "text" and isinstance(b.get("text"), str)
+    )
 
 
 def responses_messages(instructions: Any, input_: Any) -> list[dict[str, Any]]:
@@ -170,6 +198,23 @@ def reply_pieces(prompt: list[int]) -> Iterator[str]:
         elif mark == 1:
             yield "."
             capital = True
+
+
+def answer_pieces(prompt: list[int], prefix: str | None) -> tuple[Iterator[str], int]:
+    """The pieces answering `prompt`, and how many tokens of that answer `prefix` (the
+    continued trailing assistant message a chat prompt ends with; None: none) already holds.
+
+    A greedy model continues its own cut answer as the answer would have gone on: when
+    `prefix` is how the reply to the prompt before it starts, the rest of that reply follows,
+    so a cut answer resumed anywhere reads as the uncut one. Any other prefix gets the reply
+    to the whole prompt."""
+    if not prefix:
+        return reply_pieces(prompt), 0
+    given = split_pieces(prefix)
+    pieces = reply_pieces(prompt[: len(prompt) - len(given)])
+    if [next(pieces) for _ in given] == given:
+        return pieces, len(given)
+    return reply_pieces(prompt), 0
 
 
 def reply_text(prompt: list[int], n: int) -> str:

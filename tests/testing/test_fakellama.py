@@ -132,6 +132,24 @@ async def test_the_native_completion_endpoint_answers_llama_cpp_style(fake):
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_raw_prompt_is_continued_as_given_and_nothing_is_echoed(fake):
+    # Unlike a chat's trailing assistant message: the prompt is all there is to continue, so
+    # an answer, streamed or not, is the new tokens alone.
+    prompt = "Once upon" + fake.reply(prompt="Once upon", max_tokens=3)
+    new = fake.reply(prompt=prompt, max_tokens=2)
+    native = {"prompt": prompt, "n_predict": 2}
+    _, body = await post(fake, "/completion", native)
+    assert body["content"] == new
+    _, text = await post(fake, "/completion", {**native, "stream": True})
+    assert "".join(c["content"] for c in events(text)) == new
+    openai = {"prompt": prompt, "max_tokens": 2}
+    _, body = await post(fake, "/v1/completions", openai)
+    assert body["choices"][0]["text"] == new
+    _, text = await post(fake, "/v1/completions", {**openai, "stream": True})
+    assert "".join(c["choices"][0]["text"] for c in events(text)[:-1]) == new
+
+
+@pytest_twisted.ensureDeferred
 async def test_tokenize_detokenize_template_and_input_tokens_agree_with_inference(fake):
     _, body = await post(fake, "/tokenize", {"content": "Hello, world"})
     assert len(body["tokens"]) == 3 and all(isinstance(t, int) for t in body["tokens"])

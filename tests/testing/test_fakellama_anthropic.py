@@ -7,7 +7,7 @@ from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.support.fakehelp import client, post, wait
+from tests.support.fakehelp import client, events, post, wait
 
 SYSTEM = "You are terse."
 FIRST = [{"role": "user", "content": "Name a prime."}]
@@ -85,3 +85,57 @@ async def test_count_tokens_counts_the_system_and_the_messages(fake):
     assert counted == {"input_tokens": len(fake.chat_prompt(chat_of(SYSTEM, FIRST)))}
     response, error = await post(fake, "/v1/messages/count_tokens", {"messages": "hi"})
     assert response.code == 400 and "messages" in error["error"]["message"]
+
+
+PREFIX = "The smallest prime is"
+CONTINUED = [*FIRST, {"role": "assistant", "content": PREFIX}]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_trailing_assistant_message_is_continued_and_echoed_as_in_chat(fake):
+    body = {"model": "qwen-coder", "max_tokens": 4, "messages": CONTINUED}
+    _, message = await post(fake, "/v1/messages", body)
+    new = fake.reply(CONTINUED, max_tokens=4)
+    assert message["content"] == [{"type": "text", "text": PREFIX + new}]
+    # The prefix is prompt, not output: input_tokens counts it, output_tokens does not.
+    usage = message["usage"]
+    assert usage["output_tokens"] == 4
+    prompt = len(fake.chat_prompt(FIRST)) + len(fake.tokenizer.tokenize(PREFIX))
+    assert usage["cache_read_input_tokens"] + usage["input_tokens"] == prompt
+    _, counted = await post(fake, "/v1/messages/count_tokens", {"messages": CONTINUED})
+    assert counted == {"input_tokens": prompt}
+
+    _, text = await post(fake, "/v1/messages", {**body, "stream": True})
+    streamed = events(text)
+    (start,) = [e for e in streamed if e["type"] == "content_block_start"]
+    assert start["content_block"] == {"type": "text", "text": ""}  # the block starts empty
+    deltas = [e["delta"]["text"] for e in streamed if e["type"] == "content_block_delta"]
+    # The first delta is the prefix and the first new token; the rest are new tokens.
+    assert deltas[0] == PREFIX + fake.reply(CONTINUED, max_tokens=1)
+    assert len(deltas) == 4 and "".join(deltas) == PREFIX + new
+    (end,) = [e for e in streamed if e["type"] == "message_delta"]
+    assert end["usage"] == {"output_tokens": 4}
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_continued_messages_text_blocks_are_joined_by_a_blank_line(fake):
+    blocks = [{"type": "text", "text": "The smallest"}, {"type": "text", "text": "prime is"}]
+    messages = [*FIRST, {"role": "assistant", "content": blocks}]
+    body = {"model": "qwen-coder", "max_tokens": 2, "messages": messages}
+    _, message = await post(fake, "/v1/messages", body)
+    assert message["content"][0]["text"].startswith("The smallest\n\nprime is")
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_prefill_the_trailing_assistant_message_is_a_finished_turn():
+    fake = FakeLlama(reactor, prefill_assistant=False)
+    await fake.start()
+    try:
+        body = {"model": "qwen-coder", "max_tokens": 4, "messages": CONTINUED}
+        _, message = await post(fake, "/v1/messages", body)
+        text = message["content"][0]["text"]
+        assert text == fake.counters.completions[-1].text and not text.startswith(PREFIX)
+        usage = message["usage"]
+        assert usage["input_tokens"] == len(fake.chat_prompt(CONTINUED))  # a closed turn
+    finally:
+        await fake.stop()

@@ -12,7 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.protocol import ProcessProtocol
 from twisted.web.client import ResponseFailed
 
-from crossbar.testing.fakellama_cli import main
+from crossbar.testing.fakellama_cli import _config, build_parser, main
 from tests.support.fakehelp import client, wait
 
 COMMAND = str(pathlib.Path(sys.executable).parent / "crossbar-fakellama")
@@ -74,6 +74,14 @@ def test_bad_flags_exit_2_with_a_message(capsys):
     assert main(["--parallel", "0"]) == 2
     assert "parallel must be positive" in capsys.readouterr().err
     assert main(["--drop-after-chunks", "-1"]) == 2
+    assert main(["--reset-after-chunks", "-1"]) == 2
+    assert "reset_after_chunks must be null or a count" in capsys.readouterr().err
+
+
+def test_the_cut_flags_set_their_faults():
+    args = build_parser().parse_args(["--drop-after-chunks", "5", "--reset-after-chunks", "2"])
+    _, faults = _config(args)
+    assert (faults.drop_after_chunks, faults.reset_after_chunks) == (5, 2)
 
 
 @pytest_twisted.ensureDeferred

@@ -1,14 +1,16 @@
 """Each fault switch of the fake does what it says, and turning it off heals the fake."""
 
 import json
+import socket
 
 import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.error import ConnectionDone, ConnectionLost, ConnectionRefusedError
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
+from twisted.internet.threads import deferToThread
 from twisted.test.iosim import FakeTransport, connect
 from twisted.web.client import ResponseDone, ResponseNeverReceived
 
@@ -133,6 +135,95 @@ async def test_drop_after_zero_chunks_cuts_before_any_response_byte(fake):
         await wait(client().post(fake.url + "/v1/chat/completions", json={"messages": user("x")}))
     fake.faults.drop_after_chunks = None
     assert (await post(fake, "/v1/chat/completions", {"messages": user("x")}))[0].code == 200
+
+
+def lost(error):
+    """How the connection under a failed response (ResponseFailed and kin) ended."""
+    return [r.type for r in error.reasons if r.check(ConnectionDone, ConnectionLost)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_reset_after_chunks_resets_the_stream_after_n_events(fake):
+    fake.faults.reset_after_chunks = 3
+    stream = await open_stream(fake, max_tokens=20)
+    await wait(stream.done)
+    # The 3 events arrive, then the connection is lost uncleanly: not drop's clean close.
+    assert len(events(stream.data.decode())) == 3
+    assert lost(stream.reason.value) == [ConnectionLost]
+    await until(lambda: fake.cache.busy == 0)
+    (done,) = fake.counters.completions
+    assert done.outcome == "dropped"
+    assert (fake.counters.dropped, fake.counters.aborted) == (1, 0)
+    fake.faults.reset_after_chunks = None
+    fake.faults.drop_after_chunks = 3
+    stream = await open_stream(fake, max_tokens=20)
+    await wait(stream.done)
+    assert lost(stream.reason.value) == [ConnectionDone]
+
+
+@pytest_twisted.ensureDeferred
+async def test_reset_after_zero_chunks_resets_before_any_response_byte(fake):
+    fake.faults.reset_after_chunks = 0
+    with pytest.raises(ResponseNeverReceived) as cut:
+        await wait(client().post(fake.url + "/v1/chat/completions", json={"messages": user("x")}))
+    assert lost(cut.value) == [ConnectionLost]
+    assert (fake.counters.dropped, fake.counters.aborted) == (1, 0)
+    fake.faults.reset_after_chunks = None
+    assert (await post(fake, "/v1/chat/completions", {"messages": user("x")}))[0].code == 200
+
+
+def read_until_cut(port, path, body):
+    """POST on a plain socket; what arrived, and ConnectionResetError if it ended so."""
+    data = json.dumps(body).encode()
+    head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(data)}\r\n\r\n"
+    got = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(head.encode() + data)
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except ConnectionResetError as e:
+            return got, e
+    return got, None
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_reset_reaches_the_client_as_econnreset_after_the_events_that_left(fake):
+    fake.faults.reset_after_chunks = 2
+    # Anthropic's first token is two events written together (the block's start and the
+    # delta): the first of them leaves, the second never does.
+    body = {"messages": user("x"), "max_tokens": 9, "stream": True}
+    got, error = await wait(deferToThread(read_until_cut, fake.port, "/v1/messages", body))
+    assert isinstance(error, ConnectionResetError)
+    names = [line for line in got.decode().splitlines() if line.startswith("event: ")]
+    assert names == ["event: message_start", "event: content_block_start"]
+    fake.faults.reset_after_chunks = 0
+    body = {"messages": user("x")}
+    got, error = await wait(deferToThread(read_until_cut, fake.port, "/v1/messages", body))
+    assert (got, type(error)) == (b"", ConnectionResetError)
+
+
+@pytest_twisted.ensureDeferred
+async def test_cut_once_cuts_one_stream_and_the_host_then_works_again(fake):
+    fake.config.tokens_per_second = 100  # two streams run side by side
+    fake.faults.cut_once = True
+    fake.faults.drop_after_chunks = 3
+    one, two = await open_stream(fake, max_tokens=10), await open_stream(fake, max_tokens=10)
+    await wait(one.done)
+    await wait(two.done)
+    # Whichever got to its 3rd event first was cut; the other, and what follows, are whole.
+    assert sorted(s.reason.check(ResponseDone) is None for s in (one, two)) == [False, True]
+    assert fake.faults.drop_after_chunks is None  # the switch turned itself off at the cut
+    fake.faults.stall_after_chunks = 2
+    stalled = await open_stream(fake)
+    await until(lambda: fake.faults.stall_after_chunks is None)  # stalled, and switched off
+    whole = await open_stream(fake, max_tokens=3)
+    await wait(whole.done)
+    assert whole.reason.check(ResponseDone)
+    assert stalled.data.count(b"data: ") == 2 and not stalled.done.called
+    stalled.transport.stopProducing()
+    await until(lambda: fake.counters.in_flight == 0)
+    assert (fake.counters.dropped, fake.counters.aborted) == (1, 1)
 
 
 @pytest_twisted.ensureDeferred

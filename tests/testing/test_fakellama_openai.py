@@ -1,12 +1,16 @@
-"""The official openai client talks to the fake, streaming and not, and Responses chain."""
+"""The official openai client talks to the fake, streaming and not, and Responses chain; a
+trailing assistant message is continued, as llama-server does."""
 
+import pytest
 import pytest_twisted
+import treq
 from openai import OpenAI
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
+from twisted.web.client import ResponseFailed
 
 from crossbar.testing.fakellama import FakeLlama
-from tests.support.fakehelp import post, user, wait
+from tests.support.fakehelp import client, events, post, user, wait
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, *user("Name a prime.")]
 
@@ -148,5 +152,44 @@ async def test_without_prefill_the_trailing_assistant_message_is_a_finished_turn
         text = whole.choices[0].message.content
         assert text == fake.counters.completions[-1].text
         assert not text.startswith("The smallest prime is")
+    finally:
+        await fake.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_cut_answer_sent_back_goes_on_as_the_uncut_one_from_its_hosts_cache(fake):
+    uncut = fake.reply(MESSAGES, max_tokens=8)
+    fake.faults.drop_after_chunks = 4  # the role chunk and 3 tokens
+    body = {"messages": MESSAGES, "stream": True, "max_tokens": 8}
+    response = await wait(client().post(fake.url + "/v1/chat/completions", json=body))
+    parts = []
+    with pytest.raises(ResponseFailed):
+        await wait(treq.collect(response, parts.append))
+    fake.faults.drop_after_chunks = None
+    chunks = events(b"".join(parts).decode())
+    said = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert said == fake.reply(MESSAGES, max_tokens=3)
+
+    resumed = [*MESSAGES, {"role": "assistant", "content": said}]
+    _, answer = await post(fake, "/v1/chat/completions", {"messages": resumed, "max_tokens": 5})
+    # The echo and 5 new tokens read as the uncut answer, as a greedy model's would.
+    assert answer["choices"][0]["message"]["content"] == uncut
+    assert answer["usage"]["completion_tokens"] == 5
+    # The prompt is the first one and what was said: its host still holds all of it.
+    assert answer["usage"]["prompt_tokens"] == len(fake.chat_prompt(MESSAGES)) + 3
+    assert answer["timings"]["prompt_n"] == 1  # llama-server evaluates one token at least
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_continued_answer_ends_where_the_uncut_one_would_have():
+    fake = FakeLlama(reactor, eos_after=6)  # the model is done after 6 tokens
+    await fake.start()
+    try:
+        said = fake.reply(MESSAGES, max_tokens=4)
+        resumed = [*MESSAGES, {"role": "assistant", "content": said}]
+        _, answer = await post(fake, "/v1/chat/completions", {"messages": resumed})
+        (choice,) = answer["choices"]
+        assert choice["message"]["content"] == fake.reply(MESSAGES, max_tokens=6)
+        assert choice["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] == 2
     finally:
         await fake.stop()
