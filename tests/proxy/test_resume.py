@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import anthropic
 import openai
 import pytest
 import pytest_twisted
@@ -86,12 +87,11 @@ async def test_a_stream_its_host_closes_goes_on_on_the_other_host_as_one_answer(
         crossbar.fakes[cut].faults.drop_after_chunks = 6  # the role delta and five tokens
         chunks, error = await streamed(crossbar, stream_options={"include_usage": True})
         assert error is None
-        before = sent_by(crossbar.fakes[cut])
-        after = sent_by(crossbar.fakes[other])
         text = text_of(chunks)
-        # The five tokens the first host sent, then the second host's new ones: none twice.
-        assert text.startswith(" ".join(before.split(" ")[:3]))
-        assert text.endswith(after) and len(text) == len(text.removesuffix(after)) + len(after)
+        # The first host's five tokens, then the other host's: the answer the first host would
+        # have given uncut, nothing lost, nothing twice.
+        assert text == crossbar.fakes[other].reply(STORY, max_tokens=20)
+        assert text.endswith(sent_by(crossbar.fakes[other]))
         assert len({(c.id, c.created, c.model) for c in chunks}) == 1  # one answer
         roles = [c for c in chunks if c.choices and c.choices[0].delta.role]
         assert len(roles) == 1
@@ -119,6 +119,62 @@ async def test_a_host_that_goes_silent_mid_stream_is_left_after_the_read_timeout
         assert text_of(chunks).endswith(sent_by(crossbar.fakes[other]))
         assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
         assert resumes(crossbar) == {("convo", "idle_timeout", "resumed"): 1}
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_stream_its_host_resets_goes_on_too():
+    crossbar = await fleet()
+    try:
+        cut, other = await home(crossbar)
+        crossbar.fakes[cut].faults.reset_after_chunks = 5
+        chunks, error = await streamed(crossbar)
+        assert error is None
+        assert text_of(chunks) == crossbar.fakes[other].reply(STORY, max_tokens=20)
+        assert resumes(crossbar) == {("convo", "reset", "resumed"): 1}
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_route_of_one_host_continues_on_that_host_once_it_answers_again():
+    fakes = await start_fakes("titan")
+    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["titan"], "default_model": MODEL}})
+    try:
+        fakes["titan"].faults.drop_after_chunks = 6
+        fakes["titan"].faults.cut_once = True  # a restart: the next request is answered
+        chunks, error = await streamed(crossbar)
+        assert error is None
+        assert text_of(chunks) == fakes["titan"].reply(STORY, max_tokens=20)
+        # The continuation found the text it was given in the host's cache: one token to read.
+        assert fakes["titan"].counters.completions[-1].prompt_n == 1
+    finally:
+        await crossbar.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_anthropic_stream_its_host_cuts_goes_on_in_its_open_text_block():
+    crossbar = await fleet()
+    try:
+        cut, other = await home(crossbar)
+        crossbar.fakes[cut].faults.drop_after_chunks = 6
+
+        def run() -> tuple[list[str], Any]:
+            client = anthropic.Anthropic(
+                base_url=crossbar.url("convo", ""), api_key="x", max_retries=0
+            )
+            with client.messages.stream(model=MODEL, max_tokens=20, messages=STORY) as stream:
+                kinds = [event.type for event in stream]
+                message = stream.get_final_message()
+            return kinds, message
+
+        kinds, message = await wait(deferToThread(run), 60)
+        assert kinds.count("message_start") == 1 and kinds.count("content_block_start") == 1
+        assert kinds[-1] == "message_stop"
+        assert message.content[0].text == crossbar.fakes[other].reply(STORY, max_tokens=20)
+        assert (message.stop_reason, message.usage.output_tokens) == ("max_tokens", 20)
+        assert resumes(crossbar) == {("convo", "closed", "resumed"): 1}
     finally:
         await crossbar.stop()
 
