@@ -76,7 +76,17 @@ def sent_by(fake: Any) -> str:
 
 
 def resumes(crossbar: Crossbar) -> dict[tuple[str, str, str], int]:
-    return dict(crossbar.parts.usage.resumes)
+    """crossbar_resumes_total as /metrics shows it: (route, reason, outcome) -> count."""
+    out = {}
+    for line in crossbar.parts.metrics.render().decode().splitlines():
+        if line.startswith("crossbar_resumes_total{"):
+            labels = dict(
+                part.split("=", 1)
+                for part in line[line.index("{") + 1 : line.index("}")].split(",")
+            )
+            key = tuple(labels[k].strip('"') for k in ("route", "reason", "outcome"))
+            out[key] = int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
 @pytest_twisted.ensureDeferred
