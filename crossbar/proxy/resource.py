@@ -46,7 +46,7 @@ from crossbar.proxy.inside import InsideAnswer, InsideRequest
 from crossbar.proxy.loaded import LoadedModels
 from crossbar.proxy.placement import Placement
 from crossbar.proxy.refusals import Where, for_exception, for_key
-from crossbar.proxy.resume import FAILED, REFUSED, RESUMED, Continuation, Resume, Resumer, combined
+from crossbar.proxy.resume import REFUSED, Continuation, Resume, Resumer, combined
 from crossbar.proxy.routing import (
     authenticate,
     authenticate_named,
@@ -71,7 +71,6 @@ from crossbar.wire import (
     Inbound,
     KeepingRelay,
     Kind,
-    NotContinued,
     Outgoing,
     Relay,
     Tokens,
@@ -207,7 +206,7 @@ class ProxyResource(Resource):
         self._loaded = loaded
         self._batches = batches
         self._running = Running(clock)
-        self._resumer = Resumer(clock)
+        self._resumer = Resumer(clock, placement)
         self._charges = (
             None
             if tenants is None
@@ -351,7 +350,7 @@ class ProxyResource(Resource):
         try:
             try:
                 with gate.in_flight(call.key):
-                    await self._answer(request, call, ex, key, charged)
+                    await self._resumer.answer(self._forward, request, call, ex, key, charged)
             except CannotServe as cannot:
                 served = await self._fall_back(request, call, ex, key, charged, cannot)
         finally:
@@ -394,7 +393,7 @@ class ProxyResource(Resource):
             try:
                 await gate.wait_for_move(fallback.key)
                 with gate.in_flight(fallback.key):
-                    await self._answer(request, fallback, ex, key, charged)
+                    await self._resumer.answer(self._forward, request, fallback, ex, key, charged)
             except CannotServe:
                 continue  # this one cannot either: the next
             return fallback
@@ -549,7 +548,7 @@ class ProxyResource(Resource):
                     # The host had it and died or went silent before a byte of answer: nothing
                     # reached the client, and the answer may run again elsewhere.
                     cause = failure.reason.replace(" ", "_")
-                    again = await self._rerun(request, call, ex, host, cause)
+                    again = await self._resumer.again(request, call, ex, host, cause)
                     if again is not None:
                         call, failed, judged = again, None, False
                         continue
@@ -572,7 +571,7 @@ class ProxyResource(Resource):
             finally:
                 release()
             if relay.cut and not relay.stream:  # a whole answer held back: the client saw nothing
-                again = await self._rerun(request, call, ex, host, relay.cut)
+                again = await self._resumer.again(request, call, ex, host, relay.cut)
                 if again is None:
                     relay.end_cut()
                     return relay
@@ -768,73 +767,3 @@ class ProxyResource(Resource):
             if ex.trace is not None:
                 ex.trace.answered(ex, None, relay.error)
         return relay
-
-    async def _rerun(
-        self, request: Any, call: Call, ex: Exchange, host: str, cause: str
-    ) -> Call | None:
-        """An answer that showed the client nothing failed on `host` (`cause`): the call that
-        runs it again elsewhere (its conversation's lease moved first), or None (counted)."""
-        again = self._resumer.rerun(call, ex, host, request.requestHeaders)
-        if isinstance(again, str):
-            resume = Resume(cause, again, REFUSED, host)
-            ex.resumes.append(resume)
-            self._resumer.told(ex, resume)
-            return None
-        await self._placement.leave(again, host)
-        resume = Resume(cause, "", "", host)
-        ex.resumes.append(resume)
-        self._resumer.told(ex, resume)
-        if ex.trace is not None:
-            ex.trace.resumed(host, cause, 0)
-        ex.error = ""
-        return again
-
-    async def _answer(
-        self,
-        request: Any,
-        call: Call,
-        ex: Exchange,
-        key: ClientKey | None,
-        charged: list[Reservation],
-    ) -> None:
-        """Forward an inference call; while its streamed answer is cut, continue it on
-        another host (resume.py), or end it as a cut stream ends."""
-        relay = await self._forward(request, call, ex, key, charged)
-        resumer = self._resumer
-        while relay is not None and relay.cut:
-            transcript = relay.transcript
-            cause, source = relay.cut, ex.host
-            sent = transcript.pieces if transcript is not None else 0
-            step = resumer.continuation(call, relay, ex, request.write)
-            if isinstance(step, str):
-                resume = Resume(cause, step, REFUSED, source, sent=sent)
-                ex.resumes.append(resume)
-                resumer.told(ex, resume)
-                relay.end_cut()
-                return
-            following, continuation = step
-            await self._placement.leave(following, source)
-            if ex.trace is not None:
-                ex.trace.resumed(source, cause, sent)
-            error = relay.error
-            try:
-                moved = await self._forward(request, following, ex, key, charged, continuation)
-            except CancelledError:
-                raise
-            except Exception as e:
-                if isinstance(e, NotContinued) and ex.host != source:
-                    resumer.will_not_continue(ex.host)
-                why = e.message if isinstance(e, ClientError) else str(e)
-                resume = Resume(cause, "", FAILED, source, ex.host, sent)
-                ex.resumes.append(resume)
-                resumer.told(ex, resume)
-                ex.error = f"{error}; not continued: {why}"
-                relay.end_cut(error)
-                return
-            went_on = moved is not None and (bool(moved.cut) or not moved.error)
-            prefilled = max(0, ex.tokens.prompt + continuation.before.pieces - ex.tokens.cached)
-            outcome = RESUMED if went_on else FAILED
-            resume = Resume(cause, "", outcome, source, ex.host, sent, prefilled)
-            ex.resumes.append(resume)
-            resumer.told(ex, resume)
-            relay = moved

@@ -17,21 +17,26 @@ sequence (resource.py) places and sends the continuation like any turn.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from attrs import define, evolve, frozen
+from twisted.internet.defer import CancelledError
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from crossbar.proxy.call import Call
+from crossbar.proxy.placement import Placement
+from crossbar.tenants import ClientKey, Reservation
 from crossbar.wire import (
     Before,
+    ClientError,
     Exchange,
     Family,
     Kind,
+    NotContinued,
     Relay,
     Splice,
     Tokens,
@@ -113,13 +118,30 @@ def combined(first: Tokens, pieces: int, second: Tokens) -> Tokens:
     )
 
 
+class Forward(Protocol):
+    """The request path from the lease step to the relay (resource.py `_forward`): the relay
+    that ran, None for a host's busy answer read."""
+
+    def __call__(
+        self,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        key: ClientKey | None,
+        charged: list[Reservation] | None,
+        continuation: Continuation | None = None,
+    ) -> Awaitable[Relay | None]: ...
+
+
 class Resumer:
-    """What the proxy asks before it continues or re-runs an answer, and what it learns:
+    """Answers that survive their host: `answer` forwards an inference call and continues its
+    cut stream elsewhere, `again` re-runs an answer that showed nothing; and what it learns:
     hosts that do not continue, Idempotency-Keys answered, the streams running per host (an
     evacuation stops them to continue elsewhere)."""
 
-    def __init__(self, clock: IReactorTime) -> None:
+    def __init__(self, clock: IReactorTime, placement: Placement) -> None:
         self._clock = clock
+        self._placement = placement
         self._no_prefill: dict[str, float] = {}  # host -> when it was found not to continue
         self._answered: OrderedDict[tuple[str, str, str], float] = OrderedDict()
         self._streams: dict[str, set[Relay]] = {}
@@ -254,7 +276,73 @@ class Resumer:
         where its conversation's lease now is; how many were cut."""
         return sum(1 for relay in list(self._streams.get(host, ())) if relay.stop(why))
 
+    # -- the moves
+
+    async def answer(
+        self,
+        forward: Forward,
+        request: Any,
+        call: Call,
+        ex: Exchange,
+        key: ClientKey | None,
+        charged: list[Reservation],
+    ) -> None:
+        """Forward an inference call; while its streamed answer is cut, continue it on another
+        host, or end it as a cut stream ends."""
+        relay = await forward(request, call, ex, key, charged)
+        while relay is not None and relay.cut:
+            transcript = relay.transcript
+            cause, source = relay.cut, ex.host
+            sent = transcript.pieces if transcript is not None else 0
+            step = self.continuation(call, relay, ex, request.write)
+            if isinstance(step, str):
+                self._record(ex, Resume(cause, step, REFUSED, source, sent=sent))
+                relay.end_cut()
+                return
+            following, continuation = step
+            await self._placement.leave(following, source)
+            if ex.trace is not None:
+                ex.trace.resumed(source, cause, sent)
+            error = relay.error
+            try:
+                moved = await forward(request, following, ex, key, charged, continuation)
+            except CancelledError:
+                raise
+            except Exception as e:
+                if isinstance(e, NotContinued) and ex.host != source:
+                    self.will_not_continue(ex.host)
+                why = e.message if isinstance(e, ClientError) else str(e)
+                self._record(ex, Resume(cause, "", FAILED, source, ex.host, sent))
+                ex.error = f"{error}; not continued: {why}"
+                relay.end_cut(error)
+                return
+            went_on = moved is not None and (bool(moved.cut) or not moved.error)
+            prefilled = max(0, ex.tokens.prompt + continuation.before.pieces - ex.tokens.cached)
+            outcome = RESUMED if went_on else FAILED
+            self._record(ex, Resume(cause, "", outcome, source, ex.host, sent, prefilled))
+            relay = moved
+
+    async def again(
+        self, request: Any, call: Call, ex: Exchange, host: str, cause: str
+    ) -> Call | None:
+        """An answer that showed the client nothing failed on `host` (`cause`): the call that
+        runs it again elsewhere (its conversation's lease moved first), or None (counted)."""
+        again = self.rerun(call, ex, host, request.requestHeaders)
+        if isinstance(again, str):
+            self._record(ex, Resume(cause, again, REFUSED, host))
+            return None
+        await self._placement.leave(again, host)
+        self._record(ex, Resume(cause, "", "", host))
+        if ex.trace is not None:
+            ex.trace.resumed(host, cause, 0)
+        ex.error = ""
+        return again
+
     # -- what is told
+
+    def _record(self, ex: Exchange, r: Resume) -> None:
+        ex.resumes.append(r)
+        self.told(ex, r)
 
     def told(self, ex: Exchange, r: Resume) -> None:
         """Log one resume as it is decided or ends."""

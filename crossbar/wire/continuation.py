@@ -465,5 +465,3 @@ class Splice:
         """The continuation ended whole: a host that never confirmed the echo did not continue."""
         if not self._echo.confirmed:
             raise NotContinued("the host's answer ended before the text it was given came back")
-
-
