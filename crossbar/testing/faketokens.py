@@ -136,7 +136,9 @@ def continued_text(messages: list[Any]) -> str | None:
     echoes at the start of its answer: its text parts joined by a blank line (as its
     `common_chat_msg::render_content`); None when the last message is not the assistant's.
     ValueError, as llama-server's 400s, for what it cannot continue."""
-    last = messages[-1] if messages else None
+    if not isinstance(messages, list) or not messages:
+        return None  # not a chat llama-server could render: the renderer says why
+    last = messages[-1]
     if not isinstance(last, dict) or last.get("role") != "assistant":
         return None
     before = messages[-2] if len(messages) > 1 else None
