@@ -713,8 +713,9 @@ class ProxyResource(Resource):
         if ex.resumes:  # ran again elsewhere, having shown nothing: the client may know it
             moved = sum(1 for r in ex.resumes if not r.refused)
             extra.append((b"X-Crossbar-Resumed", str(moved).encode()))
+        running = resumer.running(host, relay) if transcript is not None else nullcontext()
         try:
-            with resumer.running(host, relay):
+            with running:
                 await relay.run(response, extra)
         finally:
             ex.status, ex.stream = relay.status, relay.stream

@@ -268,13 +268,15 @@ class Resumer:
                 self._streams.pop(host, None)
 
     def streaming(self, host: str) -> int:
-        """Answers of `host` streaming now that could be moved."""
-        return len(self._streams.get(host, ()))
+        """Answers of `host` streaming now that could be moved (what `stop` would cut)."""
+        return sum(1 for relay in self._streams.get(host, ()) if relay.movable())
 
     def stop(self, host: str, why: str) -> int:
-        """Cut every continuable stream of `host` (`why`: evacuated, drained), each to go on
-        where its conversation's lease now is; how many were cut."""
-        return sum(1 for relay in list(self._streams.get(host, ())) if relay.stop(why))
+        """Cut every stream of `host` that can be continued now (`why`: evacuated, drained),
+        each to go on where its conversation's lease now is; how many were cut. One that
+        cannot (inside a tool call, its answer's end already sent) runs to its end there."""
+        movable = [r for r in self._streams.get(host, ()) if r.movable()]
+        return sum(1 for relay in movable if relay.stop(why))
 
     # -- the moves
 

@@ -206,6 +206,12 @@ class Relay:
         and before the body began."""
         return self._meter.events if self._meter is not None else 0
 
+    def movable(self) -> bool:
+        """Whether a stop now could be continued elsewhere: a stream with a transcript that
+        can be continued from here (not inside a tool call, its end not yet sent)."""
+        t = self.transcript
+        return self.stream and t is not None and self._body is not None and not t.why_not()
+
     def stop(self, why: str) -> bool:
         """Cut the host's answer for crossbar's own reason (an evacuation moving it); False
         when its body is not being read now."""
