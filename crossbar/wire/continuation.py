@@ -100,6 +100,8 @@ class _Events:
 
 
 def _event(raw: bytes) -> tuple[bytes, bytes] | None:
+    if raw.startswith(b"data: ") and b"\n" not in raw:
+        return b"", raw[6:]  # the usual event: one data line, no name
     name, data = b"", []
     for line in raw.split(b"\n"):
         if line.startswith(b"data:"):
@@ -126,7 +128,7 @@ def sse(name: bytes, obj: Any) -> bytes:
 
 # Bytes of a stream a transcript keeps unread: it is read when the stream is cut (most never
 # are: an answer relayed whole costs its events no parse), or when this much has waited.
-KEEP_UNREAD = 256 * 1024
+KEEP_UNREAD = 64 * 1024
 
 
 @define
@@ -135,7 +137,7 @@ class Transcript:
     (`text`, `why_not`...), so a stream that is never cut is never parsed."""
 
     kind: Family
-    _text_: str = ""
+    _parts: list[str] = field(factory=list)  # the text's pieces (joined when asked)
     _pieces: int = 0
     _ids: tuple[Any, Any, Any] | None = None  # the first event's id, created, model
     _blocked: str = ""
@@ -166,7 +168,10 @@ class Transcript:
     def text(self) -> str:
         """The answer's text the client has."""
         self._read()
-        return self._text_
+        parts = self._parts
+        if len(parts) > 1:
+            parts[:] = ["".join(parts)]
+        return parts[0] if parts else ""
 
     @property
     def pieces(self) -> int:
@@ -203,7 +208,7 @@ class Transcript:
 
     def take(self, name: bytes, payload: bytes) -> None:
         """Read one event."""
-        if payload.strip() == b"[DONE]":
+        if payload[:1] != b"{" and payload.strip() == b"[DONE]":
             self._finished = True
             return
         obj = _loads(payload)
@@ -238,8 +243,8 @@ class Transcript:
                 self._finished = True
 
     def _text(self, piece: Any) -> None:
-        if isinstance(piece, str) and piece:
-            self._text_ += piece
+        if piece and isinstance(piece, str):
+            self._parts.append(piece)
             self._pieces += 1
 
     def _anthropic(self, obj: dict[str, Any]) -> None:
