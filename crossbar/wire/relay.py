@@ -249,18 +249,8 @@ class Relay:
                 # stream never has one: a cut stream ends with an error event of crossbar's).
                 mine.setRawHeaders(b"content-length", [b"%d" % length])
         meter = self._meter = self._dialect.meter(self.stream, self._on_id)
-        body = self._body = _Body(
-            request, self._clock, self._idle_timeout, self._write_timeout, self._data
-        )
-        if self._hold and not self.stream:
-            body.write = self._held.append
-        response.deliverBody(body)
-        try:
-            await body.done
-        finally:
-            if not body.complete():
-                meter.delivered()
-                self.error = _why_cut(body)
+        hold = self._held.append if self._hold and not self.stream else None
+        body = await self._read(response, hold)
         if body.complete():
             meter.finish()
             if self._on_whole is not None:
@@ -269,15 +259,40 @@ class Relay:
                 request.write(b"".join(self._held))
             request.finish()
             return
-        if request.channel is None or body.client_stalled:
-            if request.channel is not None:
-                request.channel.transport.loseConnection()
+        if self._client_gone(body):
             return
         self.cause = cut_cause(body)
         if (self.stream and self.transcript is not None) or (self._hold and not self.stream):
             self.cut = self.cause  # the caller continues it, or ends it (end_cut)
             return
         self._end(self.error)
+
+    async def _read(self, response: IResponse, write: Callable[[bytes], None] | None) -> _Body:
+        """The host's body read to its end, written to the client (or to `write`); what it
+        delivered counted when it was cut."""
+        body = self._body = _Body(
+            self._request, self._clock, self._idle_timeout, self._write_timeout, self._data
+        )
+        if write is not None:
+            body.write = write
+        response.deliverBody(body)
+        try:
+            await body.done
+        finally:
+            if not body.complete():
+                assert self._meter is not None
+                self._meter.delivered()
+                self.error = _why_cut(body)
+        return body
+
+    def _client_gone(self, body: _Body) -> bool:
+        """The client left, or stopped reading and was dropped: nothing more to write."""
+        request = self._request
+        if request.channel is None or body.client_stalled:
+            if request.channel is not None:
+                request.channel.transport.loseConnection()
+            return True
+        return False
 
     def end_cut(self, error: str = "") -> None:
         """End an answer left cut: a stream gets one error event in the dialect's shape and
@@ -342,17 +357,7 @@ class ContinuationRelay(Relay):
         if response.code != 200 or not self.stream:
             await read_body(response)
             raise NotContinued(f"the host answered {response.code}, not a stream")
-        body = self._body = _Body(
-            request, self._clock, self._idle_timeout, self._write_timeout, self._data
-        )
-        body.write = self._spliced
-        response.deliverBody(body)
-        try:
-            await body.done
-        finally:
-            if not body.complete():
-                meter.delivered()
-                self.error = _why_cut(body)
+        body = await self._read(response, self._spliced)
         if self._refused is not None:
             raise self._refused
         if body.complete():
@@ -362,9 +367,7 @@ class ContinuationRelay(Relay):
                 self._on_whole(meter.tokens)
             request.finish()
             return
-        if request.channel is None or body.client_stalled:
-            if request.channel is not None:
-                request.channel.transport.loseConnection()
+        if self._client_gone(body):
             return
         if not self._splice.confirmed:
             raise NotContinued(f"the host's answer was cut ({self.error}) before it continued")
