@@ -97,7 +97,8 @@ class HandOff:
         return self._in_flight[key] > 0
 
     async def move(self, key: Key, host: str, reason: str) -> Moved:
-        """Prewarm `key` on `host`, then move its lease there with `reason`."""
+        """Prewarm `key` on `host`, then move its lease there with `reason` (unless it has
+        left the host it was on meanwhile)."""
         lease = next((x for x in self._table.snapshot(key.route) if x.key == key), None)
         origin = "" if lease is None else lease.host
         if key in self._moving:
@@ -109,7 +110,10 @@ class HandOff:
             span = tracing.move(key.route, key.fp, key.model, origin, host, reason, turn)
         try:
             outcome = await self._prewarm(key, host, span)
-            moved = await self._table.move(key, host, self._clock.seconds(), reason)
+            # Only from where it was: a lease that left meanwhile (its answer, stopped on the
+            # old host, went on elsewhere and took it along) stays where that answer went.
+            now = self._clock.seconds()
+            moved = await self._table.move(key, host, now, reason, origin or None)
             if moved:
                 self._first_turn[key] = host
             if span is not None and tracing is not None:
