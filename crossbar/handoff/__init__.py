@@ -2,9 +2,18 @@
 bodies, the prewarm), evacuating a host, and rebalancing idle conversations off a busy one.
 """
 
-from crossbar.handoff.evacuate import Evacuator
+from crossbar.handoff.evacuate import DRAINED, EVACUATED, Evacuator, Streams
 from crossbar.handoff.kept import HandoffStore
 from crossbar.handoff.parts import HandoffParts, build_handoff
 from crossbar.handoff.rebalance import TICK
 
-__all__ = ["TICK", "Evacuator", "HandoffParts", "HandoffStore", "build_handoff"]
+__all__ = [
+    "DRAINED",
+    "EVACUATED",
+    "TICK",
+    "Evacuator",
+    "HandoffParts",
+    "HandoffStore",
+    "Streams",
+    "build_handoff",
+]
