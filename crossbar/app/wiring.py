@@ -233,6 +233,8 @@ def make_sites(config: Config, parts: Parts, reload: Callable[[], Awaitable[list
         p.handoff.handoff, p.tenants, p.tracing, valve, p.loaded, p.desk,
     )  # fmt: skip
     p.batches.inside = resource.inside  # a batch's items go through the whole request path
+    # An evacuation `now` (and a drain's grace) stops the streams the proxy runs.
+    p.handoff.evacuator.streams = resource.resumer
     p.desk.created.append(lambda _: p.batches.refill())
     admin_parts = AdminParts(
         p.clock, p.table, p.journal, p.hosts, p.limiter, p.store, p.metrics, p.usage,
