@@ -86,24 +86,42 @@ class Actions:
             log.info("admin: route {route} unpinned from {host}", route=route, host=previous)
         return {"route": route, "unpinned": previous}
 
-    async def drain(self, name: str, draining: bool) -> dict[str, Any]:
-        """Drain (no new leases) or undrain a host."""
-        hosts = self._hosts
+    async def drain(self, name: str, draining: bool, grace: float | None = None) -> dict[str, Any]:
+        """Drain (no new leases) or undrain a host. With a `grace` (seconds), the host's
+        running streams are stopped when it ends, each to go on elsewhere, unless the host
+        is undrained before; an undrain forgets it."""
+        hosts, evacuator = self._hosts, self._evacuator
+        if grace is not None and evacuator is None:
+            raise not_found("this crossbar cannot move running answers")
         try:
             await (hosts.drain(name) if draining else hosts.undrain(name))
         except NoSuchHost:
             raise not_found(f"no host named {name!r} in the config") from None
-        return {"host": name, "draining": hosts.draining(name)}
+        answer: dict[str, Any] = {"host": name, "draining": hosts.draining(name)}
+        if evacuator is None:
+            return answer
+        if not draining:
+            if evacuator.cancel_grace(name):
+                log.info("admin: {host} undrained: its running answers stay", host=name)
+            return answer
+        if grace is not None:
+            stopped = evacuator.stop_after(name, grace)
+            log.info("admin: {host} drained; its running answers move in {grace}s",
+                     host=name, grace=grace)  # fmt: skip
+            # `stopped` now (a grace of 0); `streaming`: those the grace's end would stop.
+            answer.update(grace=grace, stopped=stopped, streaming=evacuator.streaming(name))
+        return answer
 
-    async def evacuate(self, name: str) -> dict[str, Any]:
-        """Drain the host and move its conversations away, each prewarmed on its new host."""
+    async def evacuate(self, name: str, now: bool = False) -> dict[str, Any]:
+        """Drain the host and move its conversations away, each prewarmed on its new host;
+        with `now`, its running streams too, each continued on its conversation's new host."""
         if self._evacuator is None:
             raise not_found("this crossbar cannot evacuate hosts")
         try:
-            evacuation = await self._evacuator.start(name)
+            evacuation = await self._evacuator.start(name, now=now)
         except NoSuchHost:
             raise not_found(f"no host named {name!r} in the config") from None
-        log.info("admin: evacuating {host}", host=name)
+        log.info("admin: evacuating {host}{now}", host=name, now=" now" if now else "")
         return {"host": name, "draining": True, "evacuation": evacuation.view()}
 
     async def model(self, name: str, model: str, load: bool) -> dict[str, Any]:

@@ -26,7 +26,16 @@ from crossbar.admin import keys as admin_keys
 from crossbar.admin.actions import Actions, Reload, ReloadRefused
 from crossbar.admin.batches import MAX_BATCH_EVENTS, MAX_BATCHES, BatchViews
 from crossbar.admin.facts import route_facts
-from crossbar.admin.http import MAX_BODY, arg, body_of, json_answer, limit_arg
+from crossbar.admin.http import (
+    MAX_BODY,
+    arg,
+    body_of,
+    duration_option,
+    flag_option,
+    json_answer,
+    limit_arg,
+    options_of,
+)
 from crossbar.admin.metrics import CONTENT_TYPE_LATEST, Metrics
 from crossbar.admin.pages import ROUTE_SORTS, LeaseFilter, lease_page, route_page
 from crossbar.admin.views import (
@@ -200,15 +209,23 @@ class Admin:
     @app.route("/api/hosts/<name>/drain", methods=["POST", "DELETE"])
     @api
     async def drain(self, request: Any, name: str) -> dict[str, Any]:
-        """POST (drain) or DELETE (undrain) /api/hosts/<name>/drain."""
-        return await self._actions.drain(name, draining=request.method == b"POST")
+        """POST (drain) or DELETE (undrain) /api/hosts/<name>/drain; a drain's `grace`
+        ({"grace": "30s"} or `?grace=30s`): its running streams move elsewhere when it ends."""
+        if request.method != b"POST":
+            return await self._actions.drain(name, draining=False)
+        options = options_of(request)
+        given = options.get("grace", arg(request, "grace"))
+        grace = None if given is None else duration_option(given, "grace")
+        return await self._actions.drain(name, draining=True, grace=grace)
 
     @app.route("/api/hosts/<name>/evacuate", methods=["POST"])
     @api
     async def evacuate(self, request: Any, name: str) -> dict[str, Any]:
         """POST /api/hosts/<name>/evacuate: drain the host and move its conversations away,
-        each prewarmed on its new host; the answer (and GET /api/hosts) shows the progress."""
-        return await self._actions.evacuate(name)
+        each prewarmed on its new host, and with `now` ({"now": true} or `?now=1`) its
+        running streams too; the answer (and GET /api/hosts) shows the progress."""
+        now = flag_option(request, options_of(request), "now")
+        return await self._actions.evacuate(name, now=now)
 
     @app.route("/api/hosts/<name>/models/<model>/load", methods=["POST"])
     @api

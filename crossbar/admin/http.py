@@ -1,12 +1,14 @@
-"""The admin API's HTTP plumbing: the JSON answer of a handler, query arguments, a JSON body
-(docs/operator-guide.md, "Admin API"). The handlers: api.py."""
+"""The admin API's HTTP plumbing: the JSON answer of a handler, query arguments, a JSON body,
+an action's options (docs/operator-guide.md, "Admin API"). The handlers: api.py."""
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
+from crossbar.config import parse_duration
 from crossbar.wire import bad_request, json_object, phrase
 
 MAX_BODY = 64 * 1024  # admin requests are small JSON objects
@@ -61,3 +63,46 @@ def body_of(request: Any) -> dict[str, Any]:
     """The request body as a JSON object, or a 400 saying what is wrong with it."""
     raw = request.content.read() if request.content is not None else b""
     return json_object(raw, what="the body")
+
+
+def options_of(request: Any) -> dict[str, Any]:
+    """An action's options: its body as a JSON object (none at all: no options), a 400 for
+    anything else."""
+    raw = request.content.read() if request.content is not None else b""
+    return json_object(raw, what="the body") if raw.strip() else {}
+
+
+_YES, _NO = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+_SECONDS = re.compile(r"\d+(?:\.\d+)?")
+
+
+def flag_option(request: Any, options: dict[str, Any], name: str) -> bool:
+    """A yes-or-no option: the body's `name` (true or false), else `?name=` (1 or 0, true or
+    false); False when neither says; a 400 for anything else."""
+    value = options.get(name)
+    if value is None:
+        text = arg(request, name)
+        if text is None:
+            return False
+        if text.lower() not in _YES + _NO:
+            raise bad_request(f"{name}: give 1 or 0 (true or false), not {text!r}")
+        return text.lower() in _YES
+    if not isinstance(value, bool):
+        raise bad_request(f"{name}: give true or false, not {json.dumps(value)}")
+    return value
+
+
+def duration_option(value: Any, name: str) -> float:
+    """A duration option: a string such as "30s" or a number of seconds (strings of digits
+    too, as a query gives them), never negative; a 400 for anything else."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise bad_request(f'{name}: give a duration such as "30s" (or seconds)')
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            value = float(text) if _SECONDS.fullmatch(text) else parse_duration(text)
+        except ValueError as e:
+            raise bad_request(f"{name}: {e}") from None
+    if not math.isfinite(value) or value < 0:
+        raise bad_request(f"{name}: must be a duration of 0 or more")
+    return float(value)
