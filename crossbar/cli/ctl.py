@@ -15,6 +15,7 @@ from typing import Any
 
 from crossbar.cli.client import DEFAULT_ADMIN, AdminClient, CtlError, seg
 from crossbar.cli.format import ago, table, when
+from crossbar.config import parse_duration
 
 USAGE_BY = ("route", "host", "model", "key")
 
@@ -119,8 +120,18 @@ def _release(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
 
 
 def _drain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
-    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/drain")
-    return answer, f"host {a.host} is draining: it keeps its leases and gets no new ones"
+    body = None if a.grace is None else {"grace": a.grace}
+    answer = c.call("POST", f"/api/hosts/{seg(a.host)}/drain", body)
+    said = f"host {a.host} is draining: it keeps its leases and gets no new ones"
+    if a.grace is None:
+        return answer, said
+    if answer.get("stopped"):
+        return answer, said + f"; {answer['stopped']} running answers moved to other hosts"
+    running = answer.get("streaming", 0)
+    return answer, said + (
+        f"; its running answers ({running} now) move to other hosts in {a.grace} "
+        "unless it is undrained before"
+    )
 
 
 def _undrain(c: AdminClient, a: argparse.Namespace) -> tuple[Any, str]:
@@ -420,11 +431,18 @@ def add_parser(sub: Any) -> None:
     p.add_argument("host")
     cmd("unpin", _unpin, "remove ROUTE's pin; its leases stay").add_argument("route")
     cmd("release", _release, "drop every lease of ROUTE").add_argument("route")
-    cmd("drain", _drain, "HOST keeps its leases and gets no new ones").add_argument("host")
+    p = cmd("drain", _drain, "HOST keeps its leases and gets no new ones")
+    p.add_argument("host")
+    p.add_argument("--grace", type=_duration, default=None,
+                   help='then, after this long ("30s"), stop its running streamed answers '
+                   "and continue each on another host")  # fmt: skip
     cmd("undrain", _undrain, "HOST takes new leases again").add_argument("host")
     p = cmd("evacuate", _evacuate, "drain HOST and move its conversations away, prewarmed")
     p.add_argument("host")
     p.add_argument("--no-wait", action="store_true", help="start it and return")
+    p.add_argument("--now", action="store_true",
+                   help="also stop its running streamed answers and continue each on its "
+                   "conversation's new host")  # fmt: skip
     for action, text in (
         ("load", "router-mode HOST loads MODEL (through the router's own API)"),
         ("unload", "router-mode HOST unloads MODEL; its conversations there go cold"),
@@ -461,6 +479,15 @@ def add_parser(sub: Any) -> None:
         "--window", type=_seconds, default=60.0, help="seconds of traffic requests/s cover"
     )
     p.add_argument("--once", action="store_true", help="print one frame and exit")
+
+
+def _duration(text: str) -> str:
+    """A duration option as given ("30s"), refused here when it is not one."""
+    try:
+        parse_duration(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
 
 
 def _seconds(text: str) -> float:
