@@ -179,6 +179,37 @@ async def test_drain_and_undrain_a_host_and_404_for_a_host_not_configured(crossb
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_drain_grace_and_an_evacuation_now_are_read_from_the_body_or_the_query(crossbar):
+    code, body, _ = await crossbar.call("POST", "/api/hosts/atlas/drain", {"grace": "30s"})
+    assert (code, body) == (
+        200,
+        {"host": "atlas", "draining": True, "grace": 30.0, "stopped": 0, "streaming": 0},
+    )
+    assert crossbar.parts.handoff.evacuator.grace_ends("atlas") is not None
+    code, body, _ = await crossbar.call("DELETE", "/api/hosts/atlas/drain")
+    assert crossbar.parts.handoff.evacuator.grace_ends("atlas") is None  # undrained: forgotten
+    code, body, _ = await crossbar.call("POST", "/api/hosts/atlas/drain?grace=1.5")
+    assert (code, body["grace"]) == (200, 1.5)
+    await crossbar.call("DELETE", "/api/hosts/atlas/drain")
+    refused = [
+        ("/api/hosts/atlas/drain", {"grace": "soon"}, 'grace: "soon" is not a duration'),
+        ("/api/hosts/atlas/drain", {"grace": -1}, "grace: must be a duration of 0 or more"),
+        ("/api/hosts/atlas/drain", {"grace": True}, 'grace: give a duration such as "30s"'),
+        ("/api/hosts/atlas/drain", b"[1]", "the body must be a JSON object, not list"),
+        ("/api/hosts/atlas/evacuate", {"now": "yes"}, 'now: give true or false, not "yes"'),
+        ("/api/hosts/atlas/evacuate?now=maybe", None, "now: give 1 or 0 (true or false)"),
+    ]
+    for path, sent, message in refused:
+        code, body, _ = await crossbar.call("POST", path, sent)
+        assert code == 400, (path, sent)
+        assert body["error"]["message"].startswith(message), body
+    assert not crossbar.parts.hosts.draining("atlas")  # nothing refused changed anything
+    code, body, _ = await crossbar.call("POST", "/api/hosts/atlas/evacuate?now=1")
+    assert code == 200
+    assert (body["evacuation"]["now"], body["evacuation"]["stopped"]) == (True, 0)
+
+
+@pytest_twisted.ensureDeferred
 async def test_events_are_newest_first_and_filtered_by_route_since_and_limit(crossbar):
     await crossbar.chat("convo", conversation("a"))
     await crossbar.chat("solo", conversation("b"))

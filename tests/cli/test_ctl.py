@@ -5,6 +5,7 @@ import io
 import json
 import socket
 
+import pytest
 import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.threads import deferToThread
@@ -289,3 +290,48 @@ async def test_load_and_unload_reach_a_routers_own_api_and_hosts_shows_the_state
     finally:
         await running.stop()
         await router.stop()
+
+
+def test_drain_grace_and_evacuate_now_send_their_options_and_say_what_happens():
+    sent = []
+
+    class Client:
+        def __init__(self, answer):
+            self.answer = answer
+
+        def call(self, method, path, body=None, **query):
+            sent.append((method, path, body))
+            return self.answer
+
+    parser = build_parser()
+    args = parser.parse_args(["ctl", "drain", "titan"])
+    _, said = args.ctl(Client({"host": "titan", "draining": True}), args)
+    assert sent.pop() == ("POST", "/api/hosts/titan/drain", None)  # as before: no body
+    assert said == "host titan is draining: it keeps its leases and gets no new ones"
+    args = parser.parse_args(["ctl", "drain", "titan", "--grace", "30s"])
+    answer = {"host": "titan", "draining": True, "grace": 30.0, "stopped": 0, "streaming": 2}
+    _, said = args.ctl(Client(answer), args)
+    assert sent.pop() == ("POST", "/api/hosts/titan/drain", {"grace": "30s"})
+    assert said.endswith(
+        "; its running answers (2 now) move to other hosts in 30s unless it is undrained before"
+    )
+    args = parser.parse_args(["ctl", "drain", "titan", "--grace", "0s"])
+    _, said = args.ctl(Client({**answer, "grace": 0.0, "stopped": 2, "streaming": 0}), args)
+    assert said.endswith("; 2 running answers moved to other hosts")
+
+    evacuation = {"total": 2, "moved": 2, "warm": 1, "left": 0, "failed": 0, "running": False}
+    args = parser.parse_args(["ctl", "evacuate", "titan", "--now", "--no-wait"])
+    done = {**evacuation, "running": True, "moved": 0, "left": 2, "now": True, "stopped": 1}
+    _, said = args.ctl(Client({"host": "titan", "evacuation": done}), args)
+    assert sent.pop() == ("POST", "/api/hosts/titan/evacuate", {"now": True})
+    assert said == "evacuating titan: 0/2 moved (1 warm), 2 left, 1 running answer moved"
+    args = parser.parse_args(["ctl", "evacuate", "titan", "--no-wait"])
+    args.ctl(Client({"host": "titan", "evacuation": evacuation}), args)
+    assert sent.pop() == ("POST", "/api/hosts/titan/evacuate", None)
+
+
+def test_a_grace_that_is_not_a_duration_is_refused_before_anything_is_sent(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["ctl", "drain", "titan", "--grace", "soon"])
+    assert exit.value.code == 2  # argparse's usage error
+    assert 'argument --grace: "soon" is not a duration' in capsys.readouterr().err
