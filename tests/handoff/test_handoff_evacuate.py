@@ -13,8 +13,11 @@ import json
 from typing import Any
 
 import pytest_twisted
+from prometheus_client import CollectorRegistry
 from twisted.internet.defer import Deferred, ensureDeferred
 
+from crossbar.handoff.moves import HandOff
+from crossbar.handoff.prewarm import Outcome
 from crossbar.leases.table import Key
 from tests.support.harness import MODEL, Crossbar, start_crossbar, start_fakes, turn, wait
 
@@ -197,5 +200,45 @@ async def test_three_evacuations_of_one_host_at_once_are_one_evacuation():
         view = evacuations[0].view()
         assert (view["moved"], view["failed"], view["total"]) == (20, 0, 20)
         assert crossbar.parts.table.count("a", MODEL) == 0
+    finally:
+        await crossbar.stop()
+
+
+class HeldPrewarm:
+    """A prewarm that ends when the test says."""
+
+    def __init__(self) -> None:
+        self.release: Deferred[None] = Deferred()
+
+    async def prewarm(self, key: Key, host: str, parent: Any = None) -> Outcome:
+        await self.release
+        return Outcome("warm")
+
+    def reconfigure(self, config: Any) -> None:
+        pass
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_lease_that_left_its_host_during_the_prewarm_is_not_moved_again():
+    # An evacuation `now` stops an answer whose conversation's prewarm still runs: the
+    # continuation takes the lease along to the host it goes on. The move, once its prewarm
+    # ends, leaves the lease there: the answer's text is cached there, not on the planned host.
+    fakes = await start_fakes("a", "b", "c", **FLEET)
+    crossbar = await start_crossbar(fakes, {"convo": {"hosts": ["a"], "default_model": MODEL}})
+    try:
+        await wait(crossbar.chat("convo", opening(1), max_tokens=4))
+        (lease,) = crossbar.parts.table.snapshot()
+        table, prewarm = crossbar.parts.table, HeldPrewarm()
+        handoff = HandOff(
+            crossbar.parts.clock, crossbar.config, table, crossbar.parts.handoff.store,
+            prewarm, CollectorRegistry(),  # type: ignore[arg-type]
+        )  # fmt: skip
+        moving = Deferred.fromCoroutine(handoff.move(lease.key, "b", "evacuate"))
+        now = crossbar.parts.clock.seconds()
+        assert await wait(table.move(lease.key, "c", now, "resumed"))  # the answer went on
+        prewarm.release.callback(None)
+        moved = await wait(moving)
+        assert (moved.origin, moved.moved) == ("a", False)
+        assert table.lease(lease.key).host == "c"
     finally:
         await crossbar.stop()
