@@ -139,7 +139,6 @@ class Evacuator:
                 current.stopped += self.stop_streams(host, EVACUATED)
             return current
         await self._hosts.drain(host)
-        self.cancel_grace(host)  # stopped now, or left to run by the operator's choice
         evacuation = self.evacuations[host] = Evacuation(host, self._clock.seconds(), now=now)
         plan = self._plan(host)
         evacuation.total = len(plan)
@@ -150,13 +149,13 @@ class Evacuator:
             for key, target in plan
             if target is not None
         ]
-        finished = DeferredList(moves, consumeErrors=True)
-        finished.addCallback(lambda _: self._finish(evacuation))
         if now:
             # After the moves began: a stopped answer's conversation whose move has flipped
             # its lease goes on there; one whose prewarm still runs is moved off by the
             # continuation itself (reason `resumed`), and its move then leaves it be.
             evacuation.stopped = self.stop_streams(host, EVACUATED)
+        finished = DeferredList(moves, consumeErrors=True)
+        finished.addCallback(lambda _: self._finish(evacuation))
         return evacuation
 
     # -- running streams
