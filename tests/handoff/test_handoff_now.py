@@ -22,7 +22,7 @@ from tests.support.admin_harness import Running, conversation, start_service, wr
 from tests.support.harness import MODEL, host_table, start_fakes, until, wait
 from tests.support.routes import CONVO
 
-MAX_TOKENS = 40  # two seconds of answer at 20 tokens a second
+MAX_TOKENS = 60  # three seconds of answer at 20 tokens a second
 NAMES = ("a", "b", "c")
 
 
