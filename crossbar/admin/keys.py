@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from crossbar.config import parse_duration, read_key_spec
+from crossbar.admin.http import duration_option
+from crossbar.config import read_key_spec
 from crossbar.tenants import KeyActionRefused, Tenants, key_view
 from crossbar.wire import ClientError, bad_request
 
@@ -21,17 +22,7 @@ def refused(error: KeyActionRefused) -> ClientError:
 
 def grace_of(body: dict[str, Any]) -> float:
     """A rotation's `grace`: a duration string ("1h") or seconds; 0 by default."""
-    grace = body.get("grace", 0)
-    if isinstance(grace, bool) or not isinstance(grace, int | float | str):
-        raise bad_request('grace: give a duration such as "1h" (or seconds)')
-    if isinstance(grace, str):
-        try:
-            grace = parse_duration(grace)
-        except ValueError as e:
-            raise bad_request(f"grace: {e}") from None
-    if grace < 0:
-        raise bad_request("grace: must not be negative")
-    return float(grace)
+    return duration_option(body.get("grace", 0), "grace")
 
 
 async def create(tenants: Tenants, body: dict[str, Any], now: float) -> dict[str, Any]:
