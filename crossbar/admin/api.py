@@ -180,10 +180,14 @@ class Admin:
     async def hosts(self, request: Any) -> dict[str, Any]:
         """GET /api/hosts: health, draining, and slots per model."""
         rows = host_rows(self._hosts, self._limiter, self._table, self._parts.warmth)
-        if self._evacuator is not None:
-            for row in rows:  # the latest evacuation of each host, while it runs and after
-                evacuation = self._evacuator.evacuations.get(row["name"])
-                row["evacuation"] = None if evacuation is None else evacuation.view()
+        evacuator = self._evacuator
+        for row in rows:  # the latest evacuation of each host, while it runs and after
+            evacuation = None if evacuator is None else evacuator.evacuations.get(row["name"])
+            row["evacuation"] = None if evacuation is None else evacuation.view()
+            # When a drain's grace stops the host's running answers (None: no grace pending).
+            row["drain_grace_ends"] = (
+                None if evacuator is None else evacuator.grace_ends(row["name"])
+            )
         return {"hosts": rows}
 
     # -- the operator's actions

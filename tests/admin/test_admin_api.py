@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import pytest_twisted
 
 from crossbar.admin.api import Admin
@@ -185,7 +186,10 @@ async def test_a_drain_grace_and_an_evacuation_now_are_read_from_the_body_or_the
         200,
         {"host": "atlas", "draining": True, "grace": 30.0, "stopped": 0, "streaming": 0},
     )
-    assert crossbar.parts.handoff.evacuator.grace_ends("atlas") is not None
+    ends = {h["name"]: h["drain_grace_ends"] for h in (await crossbar.get("/api/hosts"))["hosts"]}
+    assert ends["titan"] is None and ends["atlas"] == pytest.approx(
+        crossbar.parts.clock.seconds() + 30, abs=5
+    )
     code, body, _ = await crossbar.call("DELETE", "/api/hosts/atlas/drain")
     assert crossbar.parts.handoff.evacuator.grace_ends("atlas") is None  # undrained: forgotten
     code, body, _ = await crossbar.call("POST", "/api/hosts/atlas/drain?grace=1.5")
