@@ -201,9 +201,9 @@ class Resumer:
         why = transcript.why_not() or self._spent(call, ex)
         if why:
             return why
-        targets = self.targets(call, ex.host, prefill=transcript.kind is not Family.NATIVE)
-        if transcript.kind is Family.COMPLETIONS:
-            targets = self.targets(call, ex.host, prefill=False)
+        # A raw completion goes on from its prompt: any host continues that.
+        prefill = transcript.kind in (Family.CHAT, Family.ANTHROPIC)
+        targets = self.targets(call, ex.host, prefill)
         if not targets:
             return NO_PREFILL
         before = Before(transcript.text, transcript.pieces, len(ex.resumes) + 1)

@@ -189,6 +189,40 @@ async def test_an_anthropic_stream_its_host_cuts_goes_on_in_its_open_text_block(
         await crossbar.stop()
 
 
+async def complete(crossbar: Crossbar, **body: Any) -> tuple[Any, bytes]:
+    body = {"model": MODEL, "prompt": "Once upon a time, the proxy", **body}
+    response = await crossbar.client().post(
+        crossbar.url("convo", "/v1/completions"), data=json.dumps(body).encode()
+    )
+    return response, await response.content()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_raw_completion_goes_on_from_its_prompt_and_the_text_so_far():
+    crossbar = await fleet()
+    try:
+        first, _ = await complete(crossbar, max_tokens=2)  # its prompt's lease
+        cut = first.headers.getRawHeaders(b"x-crossbar-host")[0].decode()
+        other = crossbar.fakes["atlas" if cut == "titan" else "titan"]
+        crossbar.fakes[cut].faults.drop_after_chunks = 6
+        _, answer = await complete(crossbar, max_tokens=20, stream=True)
+        events = [json.loads(x[6:]) for x in answer.split(b"\n") if x.startswith(b"data: {")]
+        text = "".join(e["choices"][0]["text"] for e in events if e.get("choices"))
+        # The first host's six tokens, then the other's answer to the prompt and that text:
+        # no echo to strip, nothing twice, one answer.
+        sent = text.removesuffix(sent_by(other))
+        assert sent and sent_by(crossbar.fakes[cut]).startswith(sent)
+        assert (
+            other.reply(prompt="Once upon a time, the proxy" + sent, max_tokens=14)
+            == (text[len(sent) :])
+        )
+        assert len({e["id"] for e in events}) == 1
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert resumes(crossbar) == {("convo", "closed", "resumed"): 1}
+    finally:
+        await crossbar.stop()
+
+
 @pytest.mark.parametrize(
     ("extra", "reason"),
     [
