@@ -31,7 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 from typing import Any, TextIO
@@ -193,24 +193,10 @@ def run_turn(
     return turn
 
 
-@dataclass
-class Sitting:
-    """The command line, the processes and their directory, the ports."""
-
-    args: argparse.Namespace
-    processes: Processes
-    work: Path
-    out: TextIO
-    ports: PortPicker = field(default_factory=lambda: PortPicker(PORTS))
-    runs: int = 0
-
-
-async def one(reactor: Any, s: Sitting, router: str) -> Turn:
+async def one(reactor: Any, s: real_cache.Sitting, router: str) -> Turn:
     """One router's run, from fresh hosts to its turn; its processes stopped after."""
-    args = s.args
+    args, cache = s.args, s
     s.runs += 1
-    cache = real_cache.Sitting(args, s.processes, s.work, s.out, {}, os.getloadavg(), s.ports)
-    cache.runs = s.runs
     try:
         urls = await real_cache.start_hosts(reactor, cache, router)
         started = s.processes.started[-len(urls) :]
@@ -303,22 +289,22 @@ def report(rows: dict[str, dict[str, Any]], out: TextIO) -> None:
             print(f"{router}: {error}", file=out)
 
 
-async def sitting(reactor: Any, s: Sitting) -> None:
+async def sitting(reactor: Any, s: real_cache.Sitting) -> None:
     args = s.args
     turns: dict[str, list[Turn]] = {r: [] for r in args.routers}
     for run in range(args.runs):
         order = args.routers[run % len(args.routers) :] + args.routers[: run % len(args.routers)]
         for router in order:
-            print(f"run {run + 1}: {router}", file=s.out, flush=True)
+            print(f"run {run + 1}: {router}", file=s.progress, flush=True)
             turn = await one(reactor, s, router)
-            print(f"  {asdict(turn)}", file=s.out, flush=True)
+            print(f"  {asdict(turn)}", file=s.progress, flush=True)
             turns[router].append(turn)
     rows = {router: summary(ts) for router, ts in turns.items()}
     if args.json:
         print(json.dumps({"args": vars(args), "rows": rows}, indent=2, default=str))
     else:
-        print(file=s.out)
-        report(rows, s.out)
+        print(file=s.progress)
+        report(rows, s.progress)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -359,7 +345,8 @@ def main(argv: list[str] | None = None) -> int:
     args.routers = [r for r in args.routers if r not in skipped]
 
     def body(processes: Processes, work: Path) -> int:
-        s = Sitting(args, processes, work, out)
+        ports = PortPicker(PORTS)
+        s = real_cache.Sitting(args, processes, work, out, skipped, load, ports)
         return react(lambda reactor: sitting(reactor, s))
 
     return with_processes("real-resume", body)
