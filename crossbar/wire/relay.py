@@ -152,6 +152,11 @@ class _Body(Protocol):
         self.transport.stopProducing()
 
 
+# A whole answer held until complete (so that a cut one shows nothing and may run again) is
+# held up to this; a chat answer is a few KiB, and a larger one is relayed as it comes.
+HOLD_MOST = 1024 * 1024
+
+
 class Relay:
     """Writes one host's answer to the client. After `run` returns or raises, `status`,
     `stream`, `first_byte` (clock seconds), `tokens` and `error` say what happened.
@@ -188,6 +193,7 @@ class Relay:
         self.transcript = transcript
         self._hold = hold
         self._held: list[bytes] = []
+        self._held_bytes = 0
         self._copied: list[bytes] = []  # the host's header names set on the client's answer
         self.status = 0
         self.stream = False
@@ -249,7 +255,7 @@ class Relay:
                 # stream never has one: a cut stream ends with an error event of crossbar's).
                 mine.setRawHeaders(b"content-length", [b"%d" % length])
         meter = self._meter = self._dialect.meter(self.stream, self._on_id)
-        hold = self._held.append if self._hold and not self.stream else None
+        hold = self._keep if self._hold and not self.stream else None
         body = await self._read(response, hold)
         if body.complete():
             meter.finish()
@@ -266,6 +272,18 @@ class Relay:
             self.cut = self.cause  # the caller continues it, or ends it (end_cut)
             return
         self._end(self.error)
+
+    def _keep(self, data: bytes) -> None:
+        """Hold a whole answer's bytes; past HOLD_MOST it goes out as it comes after all (a
+        cut of it can then no longer run again elsewhere)."""
+        self._held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes > HOLD_MOST:
+            self._hold = False
+            assert self._body is not None
+            self._body.write = self._request.write
+            self._request.write(b"".join(self._held))
+            self._held.clear()
 
     async def _read(self, response: IResponse, write: Callable[[bytes], None] | None) -> _Body:
         """The host's body read to its end, written to the client (or to `write`); what it

@@ -1,10 +1,13 @@
 """The proxy rules that hang on timing, told on an in-memory network and a Clock: a client
 leaving while its host thinks, a keep-alive race on a pooled connection, a stop's grace."""
 
+from typing import Any
+
 import pytest
 from twisted.internet.defer import ensureDeferred
 
 from crossbar.leases.table import Key
+from crossbar.wire import relay
 from crossbar.wire.pool import QUIET
 from tests.support.memnet import MODEL, chat, sse, start
 from tests.support.routes import CONVO
@@ -377,4 +380,43 @@ def test_running_out_of_descriptors_is_crossbars_fault_not_the_hosts():
     client = crossbar.post(CHAT, chat())
     assert client.status == 503 and b"Too many open files" in client.received
     assert crossbar.parts.hosts.healthy("titan")  # no host ejected, no conversation moved
+    assert "atlas" not in net.connections
+
+
+def half_answer(body: bytes) -> Any:
+    """A host that sends the head and half of a whole answer, then closes."""
+
+    def answer(host: Any) -> None:
+        host.transport.write(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[: len(body) // 2]
+        )
+        host.transport.loseConnection()
+
+    return answer
+
+
+def test_a_whole_answer_cut_half_way_has_shown_nothing_and_runs_again_elsewhere():
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    whole = b'{"id": "x", "choices": [{"message": {"content": "' + b"word " * 40 + b'"}}]}'
+    net.on_request["titan"] = half_answer(whole)
+    net.on_request["atlas"] = lambda host: host.answer(whole)
+    client = crossbar.post(CHAT, chat())
+    # Held until whole: the client saw none of titan's half, and gets atlas's answer.
+    assert client.status == 200 and client.header(b"X-Crossbar-Resumed") == b"1"
+    assert client.received.split(b"\r\n\r\n", 1)[1] == whole
+
+
+def test_a_whole_answer_past_the_hold_bound_goes_out_as_it_comes(monkeypatch):
+    monkeypatch.setattr(relay, "HOLD_MOST", 64)  # a chat answer is held up to 1 MiB
+    crossbar = start(ROUTES)
+    net = crossbar.net
+    whole = b'{"id": "x", "choices": [{"message": {"content": "' + b"word " * 40 + b'"}}]}'
+    net.on_request["titan"] = half_answer(whole)
+    net.on_request["atlas"] = lambda host: host.answer(whole)
+    client = crossbar.post(CHAT, chat())
+    # Its first half had gone out: nothing may run again; the client sees the cut.
+    assert client.status == 200 and client.header(b"X-Crossbar-Resumed") is None
+    assert client.received.split(b"\r\n\r\n", 1)[1] == whole[: len(whole) // 2]
     assert "atlas" not in net.connections
