@@ -44,7 +44,9 @@ async def test_a_llama_server_crashing_while_a_test_waits_fails_the_wait_at_once
         assert reactor.seconds() - began < 5  # not the 120 s bound
         assert never.called  # the wait gave up what it waited for
         assert "an answer from titan: llama-server titan died (signal SIGSEGV)" in str(failed.value)
-        assert "listening" in str(failed.value)  # with its last lines
+        # With its last lines: what its log holds (a crash loses what stdio had not flushed,
+        # so under load the tail may end before the "listening" line).
+        assert " I srv " in str(failed.value)
         assert fleet.stop() != []  # and the fixtures' teardown would report it too
     finally:
         llama.kill()
