@@ -267,7 +267,9 @@ async def one(reactor: Any, s: real_cache.Sitting, router: str) -> Turn:
             await peer_routers.wait_ready(reactor, process, base, len(urls))
             chat = f"{base}/v1/chat/completions"
         messages = history(args.history)
-        first = {"model": real_cache.MODEL, "messages": messages, "max_tokens": 8}
+        # greedy from the first turn: every run then sends the same next turn, whose answers
+        # (a retry's, a continuation's) are then comparable
+        first = {"model": real_cache.MODEL, "messages": messages, "max_tokens": 8, "temperature": 0}
         status, _, answer = await deferToThread(post, chat, first)
         if status != 200:
             return Turn(router, error=f"first turn: HTTP {status}: {answer[:200]!r}")
@@ -281,7 +283,6 @@ async def one(reactor: Any, s: real_cache.Sitting, router: str) -> Turn:
             **first,
             "messages": messages,
             "max_tokens": args.reply,
-            "temperature": 0,
             "ignore_eos": True,
             "stream": True,
             "stream_options": {"include_usage": True},
