@@ -25,8 +25,9 @@ reference) and the CPU seconds of the router's process tree over the turn.
 Prints the load average first (a warning above 1: the numbers are then not quiet), a line per
 run, then per router the median and range over runs, and one line: crossbar's time to finish
 and stall against each other router's. `--json` prints every run and the summary as JSON
-instead. The routers' order is reversed every other run (before and after alternated in one
-sitting). Ports 26000-26999. About 1.5 minutes a router a run on 2 quiet cores.
+instead. Every process's log is kept in a directory printed at the start. The routers' order
+is reversed every other run (before and after alternated in one sitting). Ports 26000-26999.
+About a minute a router a run on 2 quiet cores (12 minutes for the default sitting).
 """
 
 from __future__ import annotations
@@ -474,11 +475,13 @@ def main(argv: list[str] | None = None) -> int:
     args.routers = [r for r in args.routers if r not in skipped]
 
     def body(processes: Processes, work: Path) -> int:
+        print(f"logs of every process in {work}", file=out, flush=True)
         ports = PortPicker(PORTS)
         s = real_cache.Sitting(args, processes, work, out, skipped, load, ports)
         return react(lambda reactor: sitting(reactor, s))
 
-    return with_processes("real-resume", body)
+    # kept: crossbar's log says what each move cost (the tokens prefilled again)
+    return with_processes("real-resume", body, keep=True)
 
 
 if __name__ == "__main__":
