@@ -374,7 +374,8 @@ def headline(rows: dict[str, dict[str, Any]]) -> str:
             f"{abs(sooner):.1f} s {'sooner' if sooner >= 0 else 'later'} than {router}"
             f" (stall {ours['stall_s'][0]:.1f} s vs {r['stall_s'][0]:.1f} s)"
         )
-    return f"crossbar finishes in {ours['finish_s'][0]:.1f} s: " + "; ".join(parts)
+    against = "; ".join(parts) or "no other router ran"
+    return f"crossbar finishes in {ours['finish_s'][0]:.1f} s: {against}"
 
 
 def report(rows: dict[str, dict[str, Any]], out: TextIO) -> None:

@@ -130,3 +130,5 @@ def test_without_a_retry_that_ended_whole_nothing_is_compared():
     turns = [turn("crossbar", "abc", 1, 10.0, 5.0)]
     assert real_resume.compare(turns) == "" and turns[0].same_as_reference is None
     assert real_resume.summary(turns)["same"] == [0, 0]
+    rows = {"crossbar": real_resume.summary(turns)}
+    assert real_resume.headline(rows) == "crossbar finishes in 10.0 s: no other router ran"
