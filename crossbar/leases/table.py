@@ -289,25 +289,10 @@ class Table:
         event `reason`; None when the lease stays (also when there is none, the route is
         pinned, or its host is unhealthy: `acquire` then decides as ever)."""
 
-        async def placed() -> Acquired | None:
-            healthy, draining = self._hosts.healthy, self._hosts.draining
-            lease = self._index.get(key)
-            if lease is None or lease.host not in candidates or not healthy(lease.host):
-                return None
-            pin = self.pinned(key.route)
-            if pin is not None and pin in candidates:
-                return None
-            lease.cold = False  # decided once, whatever comes of it
-            usable = [h for h in candidates if healthy(h) and not draining(h)]
-            host = self._choose(usable, key.model, peers, lease.turn_prompt, leaving=lease)
-            if host is None or host == lease.host:
-                return None
-            with suppress(_Lost):
-                await self._place(key, host, now, reason, lease.host)
-                return Acquired(host, reused=False, pinned=False)
-            return None
-
-        return await self._locks.run(key, placed)
+        moved = await self._locks.run(
+            key, lambda: self._choose_again(key, candidates, now, peers, reason, None)
+        )
+        return None if moved is None else Acquired(moved, reused=False, pinned=False)
 
     async def leave(
         self,
@@ -321,25 +306,44 @@ class Table:
         """Move `key`'s lease off `host` (whose answer to it was cut) to the chooser's pick
         among the other healthy, non-draining `candidates`, with event `reason`; the host it
         went to, or None when it stays (gone, elsewhere already, pinned, or nowhere to go)."""
+        return await self._locks.run(
+            key, lambda: self._choose_again(key, candidates, now, peers, reason, host)
+        )
 
-        async def left() -> str | None:
-            healthy, draining = self._hosts.healthy, self._hosts.draining
-            lease = self._index.get(key)
-            if lease is None or lease.host != host:
-                return None
-            pin = self.pinned(key.route)
-            if pin is not None and pin in candidates:
-                return None
-            usable = [h for h in candidates if h != host and healthy(h) and not draining(h)]
-            target = self._choose(usable, key.model, peers, lease.turn_prompt, leaving=lease)
-            if target is None:
-                return None
-            with suppress(_Lost):
-                await self._place(key, target, now, reason, host)
-                return target
+    async def _choose_again(
+        self,
+        key: Key,
+        candidates: Sequence[str],
+        now: float,
+        peers: Sequence[str],
+        reason: str,
+        leaving: str | None,
+    ) -> str | None:
+        """`key`'s lease placed again by the chooser (its own weight not counted), under its
+        lock: off `leaving` (only while it is there), or, with None, wherever it would go new
+        (only from a healthy candidate host, and decided once: it is no longer cold). The host
+        it went to; None when it stays, or is pinned."""
+        healthy, draining = self._hosts.healthy, self._hosts.draining
+        lease = self._index.get(key)
+        if lease is None:
             return None
-
-        return await self._locks.run(key, left)
+        if leaving is None and (lease.host not in candidates or not healthy(lease.host)):
+            return None
+        if leaving is not None and lease.host != leaving:
+            return None
+        pin = self.pinned(key.route)
+        if pin is not None and pin in candidates:
+            return None
+        if leaving is None:
+            lease.cold = False  # decided once, whatever comes of it
+        usable = [h for h in candidates if h != leaving and healthy(h) and not draining(h)]
+        host = self._choose(usable, key.model, peers, lease.turn_prompt, leaving=lease)
+        if host is None or host == lease.host:
+            return None
+        with suppress(_Lost):
+            await self._place(key, host, now, reason, lease.host)
+            return host
+        return None
 
     async def undo(self, key: Key, host: str, now: float) -> bool:
         """Forget a lease that its first request could not use (refused by crossbar after it
