@@ -31,6 +31,7 @@ from crossbar.proxy.call import Call
 from crossbar.proxy.placement import Placement
 from crossbar.tenants import ClientKey, Reservation
 from crossbar.wire import (
+    IDEMPOTENCY_HEADERS,
     Before,
     ClientError,
     Exchange,
@@ -62,7 +63,6 @@ REFUSED = "refused"  # not tried
 # A host found not to continue a trailing assistant message is not asked again for this long
 # (a restart with other flags is then noticed).
 NO_PREFILL_FOR = 3600.0
-_IDEMPOTENCY = (b"idempotency-key", b"x-idempotency-key")
 _ANSWERED_KEPT = 8192  # Idempotency-Keys remembered as answered, the latest
 _ANSWERED_FOR = 24 * 3600.0
 
@@ -97,7 +97,7 @@ class Continuation:
 
 def idempotency_key(headers: Any) -> str | None:
     """The request's `Idempotency-Key` (or `X-Idempotency-Key`), or None."""
-    for name in _IDEMPOTENCY:
+    for name in IDEMPOTENCY_HEADERS:
         values = headers.getRawHeaders(name)
         if values:
             return values[-1].decode("latin-1")

@@ -47,6 +47,7 @@ from crossbar.wire.reported import MAX_SLOTS, MAX_TOKENS, REPORT_REASONS, count,
 from crossbar.wire.twisted_private import pull_to_push, quiet_pool, write_now
 from crossbar.wire.upstream import (
     CONNECTIONS_BUSY,
+    IDEMPOTENCY_HEADERS,
     Outgoing,
     Upstream,
     UpstreamFailure,
@@ -56,6 +57,7 @@ from crossbar.wire.upstream import (
 
 __all__ = [
     "CONNECTIONS_BUSY",
+    "IDEMPOTENCY_HEADERS",
     "INTERNAL",
     "MAX_SLOTS",
     "MAX_TOKENS",

@@ -176,7 +176,8 @@ def prepare(host: HostConfig, m: ModelConfig | None, inbound: Inbound) -> Outgoi
 
 
 _IDEMPOTENT = frozenset({b"GET", b"HEAD", b"OPTIONS", b"TRACE", b"PUT", b"DELETE"})
-_IDEMPOTENCY_KEYS = (b"idempotency-key", b"x-idempotency-key")
+# The headers by which a client says a request may be repeated (and names it).
+IDEMPOTENCY_HEADERS = (b"idempotency-key", b"x-idempotency-key")
 
 
 def repeatable(out: Outgoing) -> bool:
@@ -184,7 +185,7 @@ def repeatable(out: Outgoing) -> bool:
     `Idempotency-Key` (or `X-Idempotency-Key`) the client set, as Go's net/http reads it."""
     if out.method in _IDEMPOTENT:
         return True
-    return any(name.lower() in _IDEMPOTENCY_KEYS for name, _ in out.headers)
+    return any(name.lower() in IDEMPOTENCY_HEADERS for name, _ in out.headers)
 
 
 CONNECTIONS_BUSY = "connections busy"  # crossbar's own bound on a host's connections
